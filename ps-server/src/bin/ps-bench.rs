@@ -1,0 +1,289 @@
+//! `ps-bench`: push+pull goodput and sparse update rate on 127.0.0.1, with the machine's own
+//! limits (memcpy and a raw loopback TCP stream) measured in the same run. One JSON line per
+//! case, each with its ratio to those limits.
+//!
+//! ```text
+//! cargo run --release --bin ps-bench            # everything, about two minutes
+//! cargo run --release --bin ps-bench -- --quick # fewer sizes and shorter runs
+//! ```
+
+use std::io::{Read, Write};
+use std::net::{TcpListener as StdListener, TcpStream};
+use std::time::Instant;
+
+use clap::Parser;
+use ps_client::{ClientConfig, PsClient};
+use ps_core::{Optimizer, TableSpec};
+use ps_server::ServerConfig;
+use rand::SeedableRng;
+use rand_distr::{Distribution, Zipf};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser)]
+#[command(about = "Parameter-server goodput against memcpy and loopback TCP, in one run")]
+struct Args {
+    /// Fewer sizes and shorter runs.
+    #[arg(long)]
+    quick: bool,
+    /// Seconds per case (at least 3 rounds are always run).
+    #[arg(long, default_value_t = 2.0)]
+    seconds: f64,
+    /// Only the dense cases with this many floats (repeatable).
+    #[arg(long)]
+    floats: Vec<usize>,
+    /// Skip the sparse cases.
+    #[arg(long)]
+    no_sparse: bool,
+}
+
+fn memcpy_gbps() -> f64 {
+    let n = 256 << 20;
+    let src = vec![1u8; n];
+    let mut dst = vec![0u8; n];
+    dst.copy_from_slice(&src); // fault the pages in
+    let reps = 8;
+    let t = Instant::now();
+    for i in 0..reps {
+        dst.copy_from_slice(&src);
+        std::hint::black_box(&dst[i]);
+    }
+    (n * reps) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+fn tcp_gbps() -> f64 {
+    let listener = StdListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let total: usize = 4 << 30;
+    let reader = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        let mut buf = vec![0u8; 1 << 20];
+        let mut got = 0;
+        while got < total {
+            match s.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => got += n,
+            }
+        }
+        got
+    });
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_nodelay(true).ok();
+    let buf = vec![7u8; 1 << 20];
+    let t = Instant::now();
+    let mut sent = 0;
+    while sent < total {
+        s.write_all(&buf).expect("write");
+        sent += buf.len();
+    }
+    drop(s);
+    let got = reader.join().expect("reader");
+    got as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+/// Shards running on their own runtime, as they would in their own processes.
+struct Cluster {
+    endpoints: Vec<String>,
+    shutdown: CancellationToken,
+    rt: tokio::runtime::Runtime,
+    handles: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start(shards: u32, durable: bool, sync: bool) -> Self {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("shard")
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let shutdown = CancellationToken::new();
+        let mut endpoints = Vec::new();
+        let mut handles = Vec::new();
+        for i in 0..shards {
+            let mut cfg = ServerConfig::local(durable.then(|| dir.path().join(format!("s{i}"))));
+            cfg.shard_index = i;
+            cfg.num_shards = shards;
+            cfg.rocksdb.sync = sync;
+            let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).expect("bind");
+            endpoints.push(format!("http://{}", listener.local_addr().expect("addr")));
+            handles.push(rt.spawn(ps_server::run(cfg, listener, None, shutdown.clone())));
+        }
+        Self {
+            endpoints,
+            shutdown,
+            rt,
+            handles,
+            _dir: dir,
+        }
+    }
+
+    fn stop(self) {
+        self.shutdown.cancel();
+        for h in self.handles {
+            if let Ok(Err(e)) = self.rt.block_on(h) {
+                eprintln!("shard stopped with an error: {e:#}");
+            }
+        }
+    }
+}
+
+async fn dense_case(
+    endpoints: &[String],
+    clients: usize,
+    floats: usize,
+    seconds: f64,
+) -> anyhow::Result<(f64, usize)> {
+    let mut tasks = Vec::new();
+    let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients));
+    for c in 0..clients {
+        let endpoints = endpoints.to_vec();
+        let start = start.clone();
+        tasks.push(tokio::spawn(async move {
+            let ps = PsClient::connect(ClientConfig::new(endpoints)).await?;
+            let name = format!("bench/dense/{c}");
+            ps.create_table(
+                TableSpec::dense(&name, &[floats as u64])?.with_optimizer(Optimizer::sgd(0.001))?,
+            )
+            .await?;
+            let grad = vec![0.5f32; floats];
+            // Warm-up round.
+            ps.push_dense(&name, &grad).await?;
+            ps.pull_dense(&name).await?;
+            start.wait().await;
+            let t = Instant::now();
+            let mut rounds = 0usize;
+            while rounds < 3 || t.elapsed().as_secs_f64() < seconds {
+                ps.push_dense(&name, &grad).await?;
+                let w = ps.pull_dense(&name).await?;
+                std::hint::black_box(&w);
+                rounds += 1;
+            }
+            Ok::<_, anyhow::Error>((rounds, t.elapsed().as_secs_f64()))
+        }));
+    }
+    let mut bytes = 0.0;
+    let mut elapsed: f64 = 0.0;
+    let mut rounds = 0;
+    for t in tasks {
+        let (r, e) = t.await??;
+        bytes += (r * floats * 4 * 2) as f64;
+        elapsed = elapsed.max(e);
+        rounds += r;
+    }
+    Ok((bytes / elapsed / 1e9, rounds))
+}
+
+async fn sparse_case(endpoints: &[String], seconds: f64) -> anyhow::Result<(f64, f64)> {
+    let dim = 64;
+    let batch = 4096;
+    let space = 1_000_000u64;
+    let ps = PsClient::connect(ClientConfig::new(endpoints.to_vec())).await?;
+    ps.create_table(
+        TableSpec::sparse("bench/sparse", dim)?.with_optimizer(Optimizer::adagrad(0.05))?,
+    )
+    .await?;
+    let zipf = Zipf::new(space as f64, 1.05)?;
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
+    // Pre-generate batches so that sampling costs nothing in the timed loop.
+    let batches: Vec<Vec<u64>> = (0..64)
+        .map(|_| (0..batch).map(|_| zipf.sample(&mut rng) as u64).collect())
+        .collect();
+    let unique: f64 = batches
+        .iter()
+        .map(|b| b.iter().collect::<std::collections::HashSet<_>>().len() as f64)
+        .sum::<f64>()
+        / batches.len() as f64;
+    let grads = vec![0.01f32; batch * dim as usize];
+    let in_flight = 4;
+    let t = Instant::now();
+    let mut pushed = 0usize;
+    let mut i = 0;
+    while t.elapsed().as_secs_f64() < seconds {
+        let round: Vec<_> = (0..in_flight)
+            .map(|k| {
+                let ids = &batches[(i + k) % batches.len()];
+                ps.push_sparse("bench/sparse", ids, &grads)
+            })
+            .collect();
+        for r in futures::future::join_all(round).await {
+            r?;
+        }
+        pushed += in_flight;
+        i += in_flight;
+    }
+    let secs = t.elapsed().as_secs_f64();
+    Ok((
+        (pushed * batch) as f64 / secs,
+        pushed as f64 * unique / secs,
+    ))
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let memcpy = memcpy_gbps();
+    let tcp = tcp_gbps();
+    println!("{{\"case\":\"memcpy\",\"gbps\":{memcpy:.3}}}");
+    println!("{{\"case\":\"loopback_tcp\",\"gbps\":{tcp:.3}}}");
+    let client_rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .thread_name("client")
+        .enable_all()
+        .build()?;
+    let sizes = if !args.floats.is_empty() {
+        args.floats.clone()
+    } else if args.quick {
+        vec![1 << 20, 16 << 20]
+    } else {
+        vec![1 << 10, 64 << 10, 1 << 20, 16 << 20]
+    };
+    let seconds = if args.quick {
+        args.seconds.min(1.0)
+    } else {
+        args.seconds
+    };
+    let modes: &[(&str, bool, bool)] = &[("durable", true, false), ("memory", false, false)];
+    for &(shards, clients) in &[(1u32, 1usize), (2, 2)] {
+        for &(mode, durable, sync) in modes {
+            let cluster = Cluster::start(shards, durable, sync);
+            for &floats in &sizes {
+                let (gbps, rounds) =
+                    client_rt.block_on(dense_case(&cluster.endpoints, clients, floats, seconds))?;
+                println!(
+                    "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{shards},\"clients\":{clients},\"mode\":\"{mode}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3}}}",
+                    gbps / tcp,
+                    gbps / memcpy
+                );
+            }
+            cluster.stop();
+        }
+    }
+    // The cost of fsync per group commit, on the largest size.
+    let cluster = Cluster::start(1, true, true);
+    let floats = *sizes.iter().max().unwrap_or(&(1 << 20));
+    let (gbps, rounds) = client_rt.block_on(dense_case(&cluster.endpoints, 1, floats, seconds))?;
+    println!(
+        "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":1,\"clients\":1,\"mode\":\"durable+sync\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3}}}",
+        gbps / tcp,
+        gbps / memcpy
+    );
+    cluster.stop();
+    if !args.no_sparse {
+        for (mode, durable, sync) in [
+            ("durable", true, false),
+            ("durable+sync", true, true),
+            ("memory", false, false),
+        ] {
+            let cluster = Cluster::start(1, durable, sync);
+            let (keys, unique) =
+                client_rt.block_on(sparse_case(&cluster.endpoints, seconds.max(2.0)))?;
+            println!(
+                "{{\"case\":\"sparse_adagrad_dim64\",\"shards\":1,\"mode\":\"{mode}\",\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0}}}"
+            );
+            cluster.stop();
+        }
+    }
+    Ok(())
+}

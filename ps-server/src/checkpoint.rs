@@ -1,0 +1,143 @@
+//! Checkpoint manifests: every file of a RocksDB checkpoint with its size and CRC-32, written
+//! atomically (temporary file, fsync, rename) once the checkpoint is complete, and checked
+//! before a checkpoint is restored.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub const MANIFEST: &str = "MANIFEST.json";
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct FileEntry {
+    /// Path relative to the checkpoint's `db/` directory.
+    pub name: String,
+    pub bytes: u64,
+    pub crc32: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Manifest {
+    pub format: u32,
+    pub name: String,
+    pub shard_index: u32,
+    pub num_shards: u32,
+    pub sequence: u64,
+    pub created_unix_ms: u64,
+    pub tables: Vec<String>,
+    pub files: Vec<FileEntry>,
+}
+
+impl Manifest {
+    pub fn total_bytes(&self) -> u64 {
+        self.files.iter().map(|f| f.bytes).sum()
+    }
+}
+
+fn crc_of(path: &Path) -> std::io::Result<(u64, u32)> {
+    let mut f = fs::File::open(path)?;
+    let mut h = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((total, h.finalize()))
+}
+
+fn list_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d)? {
+            let e = e?;
+            if e.file_type()?.is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.path());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Checksums the checkpoint under `dir/db` and writes `dir/MANIFEST.json` atomically.
+pub fn write_manifest(dir: &Path, mut manifest: Manifest) -> std::io::Result<Manifest> {
+    let db = dir.join("db");
+    manifest.files = list_files(&db)?
+        .into_iter()
+        .map(|p| {
+            let (bytes, crc32) = crc_of(&p)?;
+            let name = p
+                .strip_prefix(&db)
+                .unwrap_or(&p)
+                .to_string_lossy()
+                .into_owned();
+            Ok(FileEntry { name, bytes, crc32 })
+        })
+        .collect::<std::io::Result<_>>()?;
+    let tmp = dir.join(format!("{MANIFEST}.tmp"));
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec_pretty(&manifest).map_err(std::io::Error::other)?)?;
+    f.sync_all()?;
+    fs::rename(&tmp, dir.join(MANIFEST))?;
+    fs::File::open(dir)?.sync_all()?;
+    Ok(manifest)
+}
+
+/// Reads a checkpoint's manifest and checks every file against it.
+pub fn verify(dir: &Path) -> anyhow::Result<Manifest> {
+    let path = dir.join(MANIFEST);
+    let text = fs::read(&path).map_err(|e| {
+        anyhow::anyhow!(
+            "reading {}: {e} (is this a complete checkpoint?)",
+            path.display()
+        )
+    })?;
+    let manifest: Manifest = serde_json::from_slice(&text)
+        .map_err(|e| anyhow::anyhow!("{} is not a valid manifest: {e}", path.display()))?;
+    for f in &manifest.files {
+        let p = dir.join("db").join(&f.name);
+        let (bytes, crc) = crc_of(&p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
+        if bytes != f.bytes || crc != f.crc32 {
+            anyhow::bail!(
+                "{} does not match the manifest ({} bytes, crc {:08x}; expected {} bytes, crc {:08x})",
+                p.display(),
+                bytes,
+                crc,
+                f.bytes,
+                f.crc32
+            );
+        }
+    }
+    Ok(manifest)
+}
+
+/// Copies a verified checkpoint into an empty (or missing) data directory.
+pub fn restore(checkpoint: &Path, data_dir: &Path) -> anyhow::Result<Manifest> {
+    let manifest = verify(checkpoint)?;
+    if data_dir.exists() && fs::read_dir(data_dir)?.next().is_some() {
+        anyhow::bail!(
+            "refusing to restore into {}: it is not empty (move it away first)",
+            data_dir.display()
+        );
+    }
+    let target = data_dir.join("db");
+    fs::create_dir_all(&target)?;
+    for f in &manifest.files {
+        let to = target.join(&f.name);
+        if let Some(parent) = to.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        fs::copy(checkpoint.join("db").join(&f.name), &to)?;
+    }
+    Ok(manifest)
+}

@@ -1,0 +1,173 @@
+//! `ps-server` configuration: flags with `PS_*` environment fallbacks, and an optional TOML
+//! file (`--config`) that may set the same knobs plus the tunables. Flag or variable beats file
+//! beats default.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use ps_core::partition::DEFAULT_VIRTUAL_NODES;
+use serde::Deserialize;
+
+use crate::store::RocksOptions;
+
+/// A parameter-server shard.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "ps-server", version, about)]
+pub struct Args {
+    /// TOML file with any of the settings below and the tunables (see README).
+    #[arg(long, env = "PS_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC address to listen on [default: 127.0.0.1:7070].
+    #[arg(long, env = "PS_LISTEN")]
+    pub listen: Option<SocketAddr>,
+    /// Prometheus `/metrics` address; no endpoint when unset.
+    #[arg(long, env = "PS_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// Directory of the shard's RocksDB state and checkpoints (required unless --in-memory).
+    #[arg(long, env = "PS_DATA_DIR")]
+    pub data_dir: Option<PathBuf>,
+    /// This shard's index, 0-based [default: 0].
+    #[arg(long, env = "PS_SHARD_INDEX")]
+    pub shard_index: Option<u32>,
+    /// Number of shards in the cluster [default: 1].
+    #[arg(long, env = "PS_NUM_SHARDS")]
+    pub num_shards: Option<u32>,
+    /// Keep the model in memory only: nothing survives a restart.
+    #[arg(long, env = "PS_IN_MEMORY")]
+    pub in_memory: bool,
+    /// fsync the WAL on every group commit, to survive machine crashes as well.
+    #[arg(long, env = "PS_SYNC")]
+    pub sync: bool,
+    /// Largest request accepted, in bytes [default: 67108864].
+    #[arg(long, env = "PS_MAX_REQUEST_BYTES")]
+    pub max_request_bytes: Option<usize>,
+    /// Before starting, verify this checkpoint directory and copy it into the (empty) data dir.
+    #[arg(long, env = "PS_RESTORE_FROM")]
+    pub restore_from: Option<PathBuf>,
+    /// Milliseconds between turning NOT_SERVING and closing the listener on shutdown [default: 0].
+    #[arg(long, env = "PS_DRAIN_MS")]
+    pub drain_ms: Option<u64>,
+}
+
+/// The TOML file. Every field is optional; unknown keys are errors.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub metrics_listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub shard_index: Option<u32>,
+    pub num_shards: Option<u32>,
+    pub in_memory: Option<bool>,
+    pub max_request_bytes: Option<usize>,
+    pub drain_ms: Option<u64>,
+    pub grace_ms: Option<u64>,
+    pub virtual_nodes: Option<u32>,
+    pub group_commit_bytes: Option<usize>,
+    pub max_queued_bytes: Option<usize>,
+    pub rocksdb: Option<RocksOptions>,
+}
+
+/// The resolved configuration `run` takes.
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    pub metrics_listen: Option<SocketAddr>,
+    /// `None` in the in-memory mode.
+    pub data_dir: Option<PathBuf>,
+    pub shard_index: u32,
+    pub num_shards: u32,
+    pub virtual_nodes: u32,
+    pub max_request_bytes: usize,
+    pub group_commit_bytes: usize,
+    pub max_queued_bytes: usize,
+    pub drain: Duration,
+    pub grace: Duration,
+    pub rocksdb: RocksOptions,
+    pub restore_from: Option<PathBuf>,
+}
+
+impl ServerConfig {
+    /// Defaults for a single durable shard at `data_dir` (or in memory when `None`), listening
+    /// on an ephemeral loopback port: what tests and the bench start.
+    pub fn local(data_dir: Option<PathBuf>) -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            metrics_listen: None,
+            data_dir,
+            shard_index: 0,
+            num_shards: 1,
+            virtual_nodes: DEFAULT_VIRTUAL_NODES,
+            max_request_bytes: 64 << 20,
+            group_commit_bytes: 64 << 20,
+            max_queued_bytes: 1 << 30,
+            drain: Duration::ZERO,
+            grace: Duration::from_secs(30),
+            rocksdb: RocksOptions::default(),
+            restore_from: None,
+        }
+    }
+
+    /// Merges flags over the file over the defaults, and checks the result.
+    pub fn resolve(args: Args) -> anyhow::Result<Self> {
+        let file: FileConfig = match &args.config {
+            Some(p) => ps_runtime::config::load_toml(p)?,
+            None => FileConfig::default(),
+        };
+        let in_memory = args.in_memory || file.in_memory.unwrap_or(false);
+        let data_dir = args.data_dir.or(file.data_dir);
+        let d = Self::local(None);
+        let mut rocksdb = file.rocksdb.unwrap_or_default();
+        rocksdb.sync |= args.sync;
+        let cfg = Self {
+            listen: args
+                .listen
+                .or(file.listen)
+                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070))),
+            metrics_listen: args.metrics_listen.or(file.metrics_listen),
+            data_dir: if in_memory { None } else { data_dir },
+            shard_index: args.shard_index.or(file.shard_index).unwrap_or(0),
+            num_shards: args.num_shards.or(file.num_shards).unwrap_or(1),
+            virtual_nodes: file.virtual_nodes.unwrap_or(d.virtual_nodes),
+            max_request_bytes: args
+                .max_request_bytes
+                .or(file.max_request_bytes)
+                .unwrap_or(d.max_request_bytes),
+            group_commit_bytes: file.group_commit_bytes.unwrap_or(d.group_commit_bytes),
+            max_queued_bytes: file.max_queued_bytes.unwrap_or(d.max_queued_bytes),
+            drain: Duration::from_millis(args.drain_ms.or(file.drain_ms).unwrap_or(0)),
+            grace: file.grace_ms.map_or(d.grace, Duration::from_millis),
+            rocksdb,
+            restore_from: args.restore_from,
+        };
+        if !in_memory && cfg.data_dir.is_none() {
+            anyhow::bail!(
+                "--data-dir (PS_DATA_DIR) is required; pass --in-memory to run without durability"
+            );
+        }
+        cfg.check()?;
+        Ok(cfg)
+    }
+
+    pub fn check(&self) -> anyhow::Result<()> {
+        if self.num_shards == 0 {
+            anyhow::bail!("--num-shards must be at least 1");
+        }
+        if self.shard_index >= self.num_shards {
+            anyhow::bail!(
+                "--shard-index {} is out of range for --num-shards {} (indexes start at 0)",
+                self.shard_index,
+                self.num_shards
+            );
+        }
+        if self.max_request_bytes < 1024 {
+            anyhow::bail!("--max-request-bytes must be at least 1024");
+        }
+        if self.restore_from.is_some() && self.data_dir.is_none() {
+            anyhow::bail!("--restore-from needs a --data-dir to restore into");
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,101 @@
+//! A parameter-server shard: owns part of the key space, keeps it durable in RocksDB, applies
+//! pushes with server-side optimizers exactly once, and serves pulls from memory.
+//!
+//! The binary only parses flags and calls [`run`]; tests, the benchmark and the local-cluster
+//! launcher call the same function.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod checkpoint;
+pub mod config;
+pub mod engine;
+pub mod metrics;
+pub mod optim;
+pub mod service;
+pub mod store;
+
+use std::path::Path;
+
+use ps_proto::v1::parameter_server_server::ParameterServerServer;
+use ps_runtime::grpc::GrpcOptions;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use config::{Args, ServerConfig};
+use engine::{Engine, EngineConfig};
+use service::PsService;
+use store::{MemoryStore, RocksStore, Store};
+
+/// Runs a shard on `listener` (and `/metrics` on `metrics_listener`) until `shutdown` is
+/// cancelled; then health turns NOT_SERVING, in-flight calls finish, the writer drains and the
+/// store is closed.
+pub async fn run(
+    cfg: ServerConfig,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    cfg.check()?;
+    let handle = ps_runtime::metrics::install("ps-server")?;
+    metrics::describe();
+    if let Some(l) = metrics_listener {
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = ps_runtime::metrics::serve(l, handle, token).await {
+                tracing::error!(error = %e, "metrics endpoint failed");
+            }
+        });
+    }
+    match cfg.data_dir.clone() {
+        Some(dir) => {
+            let c = cfg.clone();
+            let store = tokio::task::spawn_blocking(move || open_durable(&c, &dir)).await??;
+            serve(cfg, store, listener, shutdown).await
+        }
+        None => serve(cfg, MemoryStore::default(), listener, shutdown).await,
+    }
+}
+
+fn open_durable(cfg: &ServerConfig, dir: &Path) -> anyhow::Result<RocksStore> {
+    if let Some(from) = &cfg.restore_from {
+        let m = checkpoint::restore(from, dir)?;
+        tracing::info!(checkpoint = %from.display(), files = m.files.len(), sequence = m.sequence, "checkpoint restored");
+    }
+    std::fs::create_dir_all(dir)?;
+    Ok(RocksStore::open(&dir.join("db"), &cfg.rocksdb)?)
+}
+
+async fn serve<S: Store>(
+    cfg: ServerConfig,
+    store: S,
+    listener: TcpListener,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let engine_cfg = EngineConfig {
+        shard_index: cfg.shard_index,
+        num_shards: cfg.num_shards,
+        virtual_nodes: cfg.virtual_nodes,
+        checkpoint_dir: cfg.data_dir.as_ref().map(|d| d.join("checkpoints")),
+        group_commit_bytes: cfg.group_commit_bytes,
+        max_queued_bytes: cfg.max_queued_bytes,
+    };
+    let engine = tokio::task::spawn_blocking(move || Engine::open(store, engine_cfg)).await??;
+    tracing::info!(
+        shard = cfg.shard_index,
+        shards = cfg.num_shards,
+        durable = engine.durable(),
+        sync = cfg.rocksdb.sync,
+        "shard ready"
+    );
+    let svc = ParameterServerServer::new(PsService::new(engine.clone(), cfg.max_request_bytes))
+        .max_decoding_message_size(cfg.max_request_bytes)
+        .max_encoding_message_size(usize::MAX);
+    let opts = GrpcOptions {
+        descriptor_sets: vec![ps_proto::FILE_DESCRIPTOR_SET],
+        drain: cfg.drain,
+        grace: cfg.grace,
+    };
+    let served = ps_runtime::grpc::serve(listener, svc, opts, shutdown).await;
+    tokio::task::spawn_blocking(move || engine.close()).await?;
+    served
+}

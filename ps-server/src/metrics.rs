@@ -1,0 +1,73 @@
+//! The shard's metric names, in one place.
+
+use std::time::Duration;
+
+use metrics::{counter, describe_counter, describe_histogram, histogram};
+
+use crate::engine::{EngineError, PushOutcome};
+
+/// Describes every metric (for HELP lines); call once at start-up.
+pub fn describe() {
+    describe_counter!(
+        "ps_push_requests_total",
+        "Pushes by table, kind and outcome (applied, duplicate, error)."
+    );
+    describe_counter!("ps_push_values_total", "Gradient values applied, by table.");
+    describe_counter!(
+        "ps_push_skipped_non_finite_total",
+        "Rows or chunks skipped for NaN or infinity, by table."
+    );
+    describe_counter!("ps_pull_requests_total", "Pulls by table and kind.");
+    describe_counter!("ps_pull_values_total", "Values served by pulls, by table.");
+    describe_counter!(
+        "ps_request_errors_total",
+        "Requests refused, by method and gRPC code."
+    );
+    describe_histogram!("ps_group_commit_size", "Pushes made durable by one write.");
+    describe_histogram!(
+        "ps_group_commit_bytes",
+        "Bytes of one group-commit write batch."
+    );
+    describe_histogram!(
+        "ps_apply_seconds",
+        "Time to apply one group of pushes to the hot layer."
+    );
+    describe_histogram!(
+        "ps_store_write_seconds",
+        "Time of one durable write (WAL, and fsync with --sync)."
+    );
+}
+
+pub fn push_outcome(table: &str, kind: &'static str, r: &Result<PushOutcome, EngineError>) {
+    let outcome = match r {
+        Ok(o) if o.duplicate => "duplicate",
+        Ok(_) => "applied",
+        Err(_) => "error",
+    };
+    counter!("ps_push_requests_total", "table" => table.to_owned(), "kind" => kind, "outcome" => outcome)
+        .increment(1);
+    if let Ok(o) = r {
+        counter!("ps_push_values_total", "table" => table.to_owned()).increment(o.applied_values);
+        if o.skipped_non_finite > 0 {
+            counter!("ps_push_skipped_non_finite_total", "table" => table.to_owned())
+                .increment(o.skipped_non_finite);
+        }
+    }
+}
+
+pub fn pulled(table: &str, kind: &'static str, values: u64) {
+    counter!("ps_pull_requests_total", "table" => table.to_owned(), "kind" => kind).increment(1);
+    counter!("ps_pull_values_total", "table" => table.to_owned()).increment(values);
+}
+
+pub fn request_error(method: &'static str, code: tonic::Code) {
+    counter!("ps_request_errors_total", "method" => method, "code" => format!("{code:?}"))
+        .increment(1);
+}
+
+pub fn group_commit(pushes: usize, bytes: usize, apply: Duration, write: Duration) {
+    histogram!("ps_group_commit_size").record(pushes as f64);
+    histogram!("ps_group_commit_bytes").record(bytes as f64);
+    histogram!("ps_apply_seconds").record(apply.as_secs_f64());
+    histogram!("ps_store_write_seconds").record(write.as_secs_f64());
+}

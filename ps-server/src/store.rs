@@ -1,0 +1,322 @@
+//! Storage behind a trait. The engine writes through [`Store`]; RocksDB is the durable
+//! implementation and [`MemoryStore`] keeps nothing (the in-memory mode, whose only copy of the
+//! model is the engine's hot layer). No other crate links RocksDB.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteOptions};
+
+/// The column families: parameters, optimizer state, and metadata (table specs, applied push
+/// ids, the shard's identity).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Cf {
+    Params,
+    Optim,
+    Meta,
+}
+
+impl Cf {
+    pub const ALL: [Cf; 3] = [Cf::Params, Cf::Optim, Cf::Meta];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cf::Params => "params",
+            Cf::Optim => "optim",
+            Cf::Meta => "meta",
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("RocksDB at {path}: {source}")]
+    Rocks {
+        path: String,
+        source: rocksdb::Error,
+    },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+    #[error("this shard keeps no durable state (in-memory mode)")]
+    NotDurable,
+}
+
+/// An atomic group of writes.
+pub trait StoreBatch: Send {
+    fn put(&mut self, cf: Cf, key: &[u8], value: &[u8]);
+    fn delete(&mut self, cf: Cf, key: &[u8]);
+    /// Deletes keys in `[from, to)`.
+    fn delete_range(&mut self, cf: Cf, from: &[u8], to: &[u8]);
+    /// Bytes of keys and values in the batch.
+    fn size_bytes(&self) -> usize;
+}
+
+/// Where a shard's state lives.
+pub trait Store: Send + Sync + 'static {
+    type Batch: StoreBatch;
+
+    fn batch(&self) -> Self::Batch;
+    /// Writes the batch atomically; durable against a process crash when it returns (and
+    /// against a machine crash with the sync option).
+    fn write(&self, batch: Self::Batch) -> Result<(), StoreError>;
+    /// Calls `visit` for every key starting with `prefix`, in key order.
+    fn scan(
+        &self,
+        cf: Cf,
+        prefix: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError>;
+    /// Writes a consistent snapshot to `dir` (which must not exist); returns its sequence number.
+    fn checkpoint(&self, dir: &Path) -> Result<u64, StoreError>;
+    /// Estimated bytes of live data.
+    fn live_bytes(&self) -> u64;
+    fn durable(&self) -> bool;
+}
+
+/// RocksDB tunables, settable in the TOML config file.
+#[derive(Debug, Clone, serde::Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct RocksOptions {
+    /// fsync the WAL on every group commit (survives machine crashes, not only process crashes).
+    pub sync: bool,
+    pub write_buffer_mib: usize,
+    pub max_write_buffers: i32,
+    pub max_total_wal_mib: u64,
+    pub background_jobs: i32,
+}
+
+impl Default for RocksOptions {
+    fn default() -> Self {
+        Self {
+            sync: false,
+            write_buffer_mib: 128,
+            max_write_buffers: 4,
+            max_total_wal_mib: 1024,
+            background_jobs: 2,
+        }
+    }
+}
+
+/// The durable store.
+pub struct RocksStore {
+    db: Arc<DB>,
+    path: PathBuf,
+    sync: bool,
+}
+
+impl std::fmt::Debug for RocksStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RocksStore")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RocksStore {
+    /// Opens (or creates) the database under `path`, replaying its WAL.
+    pub fn open(path: &Path, opts: &RocksOptions) -> Result<Self, StoreError> {
+        let err = |source| StoreError::Rocks {
+            path: path.display().to_string(),
+            source,
+        };
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_max_total_wal_size(opts.max_total_wal_mib << 20);
+        db_opts.set_max_background_jobs(opts.background_jobs);
+        db_opts.set_enable_pipelined_write(true);
+        let cf_opts = |_: Cf| {
+            let mut o = Options::default();
+            // Float mantissas do not compress; spend no CPU trying.
+            o.set_compression_type(DBCompressionType::None);
+            o.set_write_buffer_size(opts.write_buffer_mib << 20);
+            o.set_max_write_buffer_number(opts.max_write_buffers);
+            o
+        };
+        let cfs = Cf::ALL.map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_opts(cf)));
+        let db = DB::open_cf_descriptors(&db_opts, path, cfs).map_err(err)?;
+        Ok(Self {
+            db: Arc::new(db),
+            path: path.to_owned(),
+            sync: opts.sync,
+        })
+    }
+
+    fn err(&self, source: rocksdb::Error) -> StoreError {
+        StoreError::Rocks {
+            path: self.path.display().to_string(),
+            source,
+        }
+    }
+
+    fn cf(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StoreError> {
+        self.db
+            .cf_handle(cf.name())
+            .ok_or_else(|| StoreError::Corrupt(format!("column family {} is missing", cf.name())))
+    }
+}
+
+/// A RocksDB write batch plus the column-family handles it writes to.
+pub struct RocksBatch {
+    batch: rocksdb::WriteBatch,
+    db: Arc<DB>,
+}
+
+impl RocksBatch {
+    fn with_cf(
+        &mut self,
+        cf: Cf,
+        f: impl FnOnce(&mut rocksdb::WriteBatch, &rocksdb::ColumnFamily),
+    ) {
+        // Every column family is created at open, so the handle exists.
+        if let Some(h) = self.db.cf_handle(cf.name()) {
+            f(&mut self.batch, h);
+        }
+    }
+}
+
+impl StoreBatch for RocksBatch {
+    fn put(&mut self, cf: Cf, key: &[u8], value: &[u8]) {
+        self.with_cf(cf, |b, h| b.put_cf(h, key, value));
+    }
+
+    fn delete(&mut self, cf: Cf, key: &[u8]) {
+        self.with_cf(cf, |b, h| b.delete_cf(h, key));
+    }
+
+    fn delete_range(&mut self, cf: Cf, from: &[u8], to: &[u8]) {
+        self.with_cf(cf, |b, h| b.delete_range_cf(h, from, to));
+    }
+
+    fn size_bytes(&self) -> usize {
+        self.batch.size_in_bytes()
+    }
+}
+
+impl Store for RocksStore {
+    type Batch = RocksBatch;
+
+    fn batch(&self) -> RocksBatch {
+        RocksBatch {
+            batch: rocksdb::WriteBatch::default(),
+            db: self.db.clone(),
+        }
+    }
+
+    fn write(&self, batch: RocksBatch) -> Result<(), StoreError> {
+        let mut wo = WriteOptions::default();
+        wo.set_sync(self.sync);
+        self.db.write_opt(batch.batch, &wo).map_err(|e| self.err(e))
+    }
+
+    fn scan(
+        &self,
+        cf: Cf,
+        prefix: &[u8],
+        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        let it = self.db.iterator_cf(
+            self.cf(cf)?,
+            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
+        );
+        for item in it {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            if !k.starts_with(prefix) {
+                break;
+            }
+            visit(&k, &v)?;
+        }
+        Ok(())
+    }
+
+    fn checkpoint(&self, dir: &Path) -> Result<u64, StoreError> {
+        let cp = rocksdb::checkpoint::Checkpoint::new(&self.db).map_err(|e| self.err(e))?;
+        let seq = self.db.latest_sequence_number();
+        cp.create_checkpoint(dir).map_err(|e| self.err(e))?;
+        Ok(seq)
+    }
+
+    fn live_bytes(&self) -> u64 {
+        Cf::ALL
+            .iter()
+            .filter_map(|cf| {
+                let h = self.db.cf_handle(cf.name())?;
+                self.db
+                    .property_int_value_cf(h, "rocksdb.estimate-live-data-size")
+                    .ok()
+                    .flatten()
+            })
+            .sum()
+    }
+
+    fn durable(&self) -> bool {
+        true
+    }
+}
+
+/// The in-memory mode: writes are counted and dropped.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    written: AtomicU64,
+}
+
+#[derive(Debug, Default)]
+pub struct MemoryBatch {
+    bytes: usize,
+}
+
+impl StoreBatch for MemoryBatch {
+    fn put(&mut self, _: Cf, key: &[u8], value: &[u8]) {
+        self.bytes += key.len() + value.len();
+    }
+
+    fn delete(&mut self, _: Cf, key: &[u8]) {
+        self.bytes += key.len();
+    }
+
+    fn delete_range(&mut self, _: Cf, from: &[u8], to: &[u8]) {
+        self.bytes += from.len() + to.len();
+    }
+
+    fn size_bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Store for MemoryStore {
+    type Batch = MemoryBatch;
+
+    fn batch(&self) -> MemoryBatch {
+        MemoryBatch::default()
+    }
+
+    fn write(&self, batch: MemoryBatch) -> Result<(), StoreError> {
+        self.written
+            .fetch_add(batch.bytes as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn scan(
+        &self,
+        _: Cf,
+        _: &[u8],
+        _: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
+    ) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn checkpoint(&self, _: &Path) -> Result<u64, StoreError> {
+        Err(StoreError::NotDurable)
+    }
+
+    fn live_bytes(&self) -> u64 {
+        0
+    }
+
+    fn durable(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,635 @@
+//! Bad input gets a specific status and a message a user can act on, and changes nothing.
+//! A real shard (RocksDB on disk, gRPC on 127.0.0.1) is called with raw wire messages.
+
+use bytes::Bytes;
+use ps_proto::v1 as pb;
+use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use ps_server::ServerConfig;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+use tonic::transport::Channel;
+
+struct Shard {
+    client: ParameterServerClient<Channel>,
+    shutdown: CancellationToken,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+    _dir: tempfile::TempDir,
+}
+
+async fn start(max_request_bytes: usize) -> Shard {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = ServerConfig::local(Some(dir.path().to_owned()));
+    cfg.max_request_bytes = max_request_bytes;
+    // Two shards in the map; this is shard 0, so some ids and chunks belong elsewhere.
+    cfg.num_shards = 2;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(ps_server::run(cfg, listener, None, shutdown.clone()));
+    let client = ParameterServerClient::connect(url)
+        .await
+        .unwrap()
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX);
+    Shard {
+        client,
+        shutdown,
+        task,
+        _dir: dir,
+    }
+}
+
+impl Shard {
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+fn f32s(v: &[f32]) -> pb::Payload {
+    pb::Payload {
+        encoding: pb::Encoding::F32 as i32,
+        num_values: v.len() as u64,
+        data: Bytes::copy_from_slice(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
+    }
+}
+
+fn decode(p: &pb::Payload) -> Vec<f32> {
+    p.data
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+        .collect()
+}
+
+fn dense_spec(name: &str, len: u64, chunk: u64, non_finite: pb::NonFinitePolicy) -> pb::TableSpec {
+    pb::TableSpec {
+        name: name.into(),
+        kind: Some(pb::table_spec::Kind::Dense(pb::DenseSpec {
+            shape: vec![len],
+            chunk_elems: chunk,
+        })),
+        optimizer: Some(pb::Optimizer {
+            kind: Some(pb::optimizer::Kind::Sgd(pb::Sgd { learning_rate: 1.0 })),
+        }),
+        initializer: None,
+        non_finite: non_finite as i32,
+    }
+}
+
+fn sparse_spec(name: &str, dim: u32, non_finite: pb::NonFinitePolicy) -> pb::TableSpec {
+    pb::TableSpec {
+        kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec { dim })),
+        ..dense_spec(name, 1, 0, non_finite)
+    }
+}
+
+static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn push_id() -> Option<pb::PushId> {
+    Some(pb::PushId {
+        client_id: 42,
+        seq: SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+        min_unacked_seq: 0,
+    })
+}
+
+/// Ids owned by shard 0 (and one owned by shard 1) of a 2-shard map, for table `name`.
+fn ids_for(name: &str) -> (Vec<u64>, u64) {
+    let p = ps_core::Partitioner::new(2, ps_core::partition::DEFAULT_VIRTUAL_NODES);
+    let h = ps_core::hash::fnv1a(name.as_bytes());
+    let mine = (0..)
+        .filter(|&i| p.shard_for_id(h, i) == 0)
+        .take(3)
+        .collect();
+    let other = (0..).find(|&i| p.shard_for_id(h, i) == 1).unwrap();
+    (mine, other)
+}
+
+/// Chunks of `name` that shard 0 owns, and one it does not.
+fn chunks_for(name: &str, n: u64) -> (Vec<u64>, u64) {
+    let p = ps_core::Partitioner::new(2, ps_core::partition::DEFAULT_VIRTUAL_NODES);
+    let h = ps_core::hash::fnv1a(name.as_bytes());
+    let mine = (0..n).filter(|&c| p.shard_for_chunk(h, c) == 0).collect();
+    let other = (0..n).find(|&c| p.shard_for_chunk(h, c) == 1).unwrap();
+    (mine, other)
+}
+
+async fn expect(
+    code: Code,
+    hint: &str,
+    r: Result<tonic::Response<impl std::fmt::Debug>, tonic::Status>,
+) {
+    let s = r.expect_err("the request should be refused");
+    assert_eq!(s.code(), code, "{}", s.message());
+    assert!(
+        s.message().contains(hint),
+        "`{}` should mention `{hint}`",
+        s.message()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_and_change_nothing() {
+    let mut shard = start(1 << 20).await;
+    let c = &mut shard.client;
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(dense_spec("d", 10, 4, pb::NonFinitePolicy::Reject)),
+    })
+    .await
+    .unwrap();
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(sparse_spec("s", 2, pb::NonFinitePolicy::Reject)),
+    })
+    .await
+    .unwrap();
+    let (chunks, foreign_chunk) = chunks_for("d", 3);
+    let (ids, foreign_id) = ids_for("s");
+    let chunk = chunks[0];
+    let chunk_len = if chunk == 2 { 2 } else { 4 };
+
+    // A good push first, so "unchanged" means something.
+    c.push_dense(pb::PushDenseRequest {
+        table: "d".into(),
+        push_id: push_id(),
+        map_epoch: 0,
+        slices: vec![pb::DenseSlice {
+            chunk,
+            values: Some(f32s(&vec![1.0; chunk_len])),
+        }],
+    })
+    .await
+    .unwrap();
+    c.push_sparse(pb::PushSparseRequest {
+        table: "s".into(),
+        push_id: push_id(),
+        map_epoch: 0,
+        ids: ids.clone(),
+        values: Some(f32s(&[1.0; 6])),
+    })
+    .await
+    .unwrap();
+    let pull_d = pb::PullDenseRequest {
+        table: "d".into(),
+        chunks: chunks.clone(),
+        ..Default::default()
+    };
+    let pull_s = pb::PullSparseRequest {
+        table: "s".into(),
+        ids: ids.clone(),
+        ..Default::default()
+    };
+    let dense_before = c.pull_dense(pull_d.clone()).await.unwrap().into_inner();
+    let sparse_before = c.pull_sparse(pull_s.clone()).await.unwrap().into_inner();
+    let stats_before = c
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats_before.pushes_applied, 2);
+
+    let dense_push = |table: &str, chunk: u64, values: pb::Payload| pb::PushDenseRequest {
+        table: table.into(),
+        push_id: push_id(),
+        map_epoch: 0,
+        slices: vec![pb::DenseSlice {
+            chunk,
+            values: Some(values),
+        }],
+    };
+    let sparse_push = |ids: Vec<u64>, values: pb::Payload| pb::PushSparseRequest {
+        table: "s".into(),
+        push_id: push_id(),
+        map_epoch: 0,
+        ids,
+        values: Some(values),
+    };
+
+    // Unknown table.
+    expect(
+        Code::NotFound,
+        "create it first",
+        c.push_dense(dense_push("nope", 0, f32s(&[1.0]))).await,
+    )
+    .await;
+    expect(
+        Code::NotFound,
+        "does not exist",
+        c.pull_sparse(pb::PullSparseRequest {
+            table: "nope".into(),
+            ..Default::default()
+        })
+        .await,
+    )
+    .await;
+    // Wrong shape: a slice that does not end on a chunk boundary.
+    expect(
+        Code::InvalidArgument,
+        "chunk boundary",
+        c.push_dense(dense_push("d", chunk, f32s(&[1.0; 3]))).await,
+    )
+    .await;
+    // Wrong dim: ids and row data of different lengths.
+    expect(
+        Code::InvalidArgument,
+        "3 ids of dim 2 need 6 values",
+        c.push_sparse(sparse_push(ids.clone(), f32s(&[1.0; 5])))
+            .await,
+    )
+    .await;
+    // Chunk out of range, on push and pull.
+    expect(
+        Code::OutOfRange,
+        "out of range",
+        c.push_dense(dense_push("d", 7, f32s(&[1.0; 4]))).await,
+    )
+    .await;
+    expect(
+        Code::OutOfRange,
+        "has 3 chunks",
+        c.pull_dense(pb::PullDenseRequest {
+            table: "d".into(),
+            chunks: vec![3],
+            ..Default::default()
+        })
+        .await,
+    )
+    .await;
+    // A payload whose length does not match its header.
+    let mut short = f32s(&vec![1.0; chunk_len]);
+    short.num_values += 1;
+    expect(
+        Code::InvalidArgument,
+        "header says",
+        c.push_dense(dense_push("d", chunk, short)).await,
+    )
+    .await;
+    // An unknown encoding.
+    let mut unknown = f32s(&vec![1.0; chunk_len]);
+    unknown.encoding = 77;
+    expect(
+        Code::InvalidArgument,
+        "unknown encoding",
+        c.push_dense(dense_push("d", chunk, unknown)).await,
+    )
+    .await;
+    // NaN and infinity, rejected by default.
+    let mut nan = vec![1.0; chunk_len];
+    nan[1] = f32::NAN;
+    expect(
+        Code::InvalidArgument,
+        "NaN or infinity",
+        c.push_dense(dense_push("d", chunk, f32s(&nan))).await,
+    )
+    .await;
+    expect(
+        Code::InvalidArgument,
+        "NaN or infinity",
+        c.push_sparse(sparse_push(
+            ids.clone(),
+            f32s(&[1.0, 1.0, f32::INFINITY, 1.0, 1.0, 1.0]),
+        ))
+        .await,
+    )
+    .await;
+    // Keys routed to the wrong shard.
+    expect(
+        Code::FailedPrecondition,
+        "belongs to shard 1",
+        c.push_sparse(sparse_push(vec![foreign_id], f32s(&[1.0; 2])))
+            .await,
+    )
+    .await;
+    let foreign_len = if foreign_chunk == 2 { 2 } else { 4 };
+    expect(
+        Code::FailedPrecondition,
+        "belongs to shard 1",
+        c.push_dense(dense_push(
+            "d",
+            foreign_chunk,
+            f32s(&vec![1.0; foreign_len]),
+        ))
+        .await,
+    )
+    .await;
+    // A push without its (client id, seq).
+    expect(
+        Code::InvalidArgument,
+        "push_id",
+        c.push_sparse(pb::PushSparseRequest {
+            push_id: None,
+            ..sparse_push(ids.clone(), f32s(&[1.0; 6]))
+        })
+        .await,
+    )
+    .await;
+    // Dense call on a sparse table.
+    expect(
+        Code::FailedPrecondition,
+        "is sparse",
+        c.push_dense(dense_push("s", 0, f32s(&[1.0]))).await,
+    )
+    .await;
+    // A request over the server's size limit (1 MiB here).
+    expect(
+        Code::ResourceExhausted,
+        "--max-request-bytes",
+        c.push_sparse(sparse_push(
+            vec![ids[0]; 200_000],
+            f32s(&vec![1.0; 400_000]),
+        ))
+        .await,
+    )
+    .await;
+    // A conflicting create, and a malformed one.
+    expect(
+        Code::AlreadyExists,
+        "different spec",
+        c.create_table(pb::CreateTableRequest {
+            spec: Some(dense_spec("d", 11, 4, pb::NonFinitePolicy::Reject)),
+        })
+        .await,
+    )
+    .await;
+    expect(
+        Code::InvalidArgument,
+        "FTRL-proximal is for sparse tables",
+        c.create_table(pb::CreateTableRequest {
+            spec: Some(pb::TableSpec {
+                optimizer: Some(pb::Optimizer {
+                    kind: Some(pb::optimizer::Kind::Ftrl(pb::Ftrl {
+                        alpha: 0.1,
+                        beta: 1.0,
+                        l1: 0.0,
+                        l2: 0.0,
+                    })),
+                }),
+                ..dense_spec("f", 4, 0, pb::NonFinitePolicy::Reject)
+            }),
+        })
+        .await,
+    )
+    .await;
+    expect(
+        Code::InvalidArgument,
+        "dimension 0 is 0",
+        c.create_table(pb::CreateTableRequest {
+            spec: Some(pb::TableSpec {
+                kind: Some(pb::table_spec::Kind::Dense(pb::DenseSpec {
+                    shape: vec![0],
+                    chunk_elems: 0,
+                })),
+                ..dense_spec("z", 1, 0, pb::NonFinitePolicy::Reject)
+            }),
+        })
+        .await,
+    )
+    .await;
+
+    // Nothing changed.
+    assert_eq!(
+        c.pull_dense(pull_d).await.unwrap().into_inner(),
+        dense_before
+    );
+    assert_eq!(
+        c.pull_sparse(pull_s).await.unwrap().into_inner(),
+        sparse_before
+    );
+    let stats = c
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(stats.pushes_applied, 2);
+    assert_eq!(stats.write_batches, stats_before.write_batches);
+    let tables = c
+        .list_tables(pb::ListTablesRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .tables;
+    assert_eq!(
+        tables.iter().map(|t| t.name.as_str()).collect::<Vec<_>>(),
+        ["d", "s"]
+    );
+    shard.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn skip_policy_drops_only_the_rows_with_nan() {
+    let mut shard = start(64 << 20).await;
+    let c = &mut shard.client;
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(sparse_spec("s", 2, pb::NonFinitePolicy::Skip)),
+    })
+    .await
+    .unwrap();
+    let (ids, _) = ids_for("s");
+    let r = c
+        .push_sparse(pb::PushSparseRequest {
+            table: "s".into(),
+            push_id: push_id(),
+            map_epoch: 0,
+            ids: ids.clone(),
+            values: Some(f32s(&[1.0, 1.0, f32::NAN, 1.0, 2.0, 2.0])),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((r.applied_values, r.skipped_non_finite), (4, 1));
+    let rows = c
+        .pull_sparse(pb::PullSparseRequest {
+            table: "s".into(),
+            ids,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        decode(&rows.values.unwrap()),
+        [-1.0, -1.0, 0.0, 0.0, -2.0, -2.0]
+    );
+    shard.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_push_is_acknowledged_but_applied_once() {
+    let mut shard = start(64 << 20).await;
+    let c = &mut shard.client;
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(sparse_spec("s", 2, pb::NonFinitePolicy::Reject)),
+    })
+    .await
+    .unwrap();
+    let (ids, _) = ids_for("s");
+    let push = pb::PushSparseRequest {
+        table: "s".into(),
+        push_id: Some(pb::PushId {
+            client_id: 7,
+            seq: 10,
+            min_unacked_seq: 10,
+        }),
+        map_epoch: 0,
+        ids: vec![ids[0]],
+        values: Some(f32s(&[1.0, 2.0])),
+    };
+    let first = c.push_sparse(push.clone()).await.unwrap().into_inner();
+    let again = c.push_sparse(push.clone()).await.unwrap().into_inner();
+    assert!(!first.duplicate && again.duplicate);
+    // Below the client's floor counts as applied too (a stale copy of an old push).
+    let stale = pb::PushSparseRequest {
+        push_id: Some(pb::PushId {
+            client_id: 7,
+            seq: 3,
+            min_unacked_seq: 3,
+        }),
+        ..push.clone()
+    };
+    assert!(c.push_sparse(stale).await.unwrap().into_inner().duplicate);
+    // Another client with the same seq is a different push.
+    let other = pb::PushSparseRequest {
+        push_id: Some(pb::PushId {
+            client_id: 8,
+            seq: 10,
+            min_unacked_seq: 10,
+        }),
+        ..push
+    };
+    assert!(!c.push_sparse(other).await.unwrap().into_inner().duplicate);
+    let rows = c
+        .pull_sparse(pb::PullSparseRequest {
+            table: "s".into(),
+            ids: vec![ids[0]],
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decode(&rows.values.unwrap()), [-2.0, -4.0]);
+    let stats = c
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (2, 2));
+    shard.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_optimizer_runs_end_to_end_and_survives_a_restart() {
+    // Two steps, a restart in between: the second step must see the optimizer state of the
+    // first (Adam's moments and step count, Adagrad's accumulator, FTRL's z and n).
+    let dir = tempfile::tempdir().unwrap();
+    let opts: Vec<(&str, pb::optimizer::Kind, [f32; 2])> = vec![
+        // Same hand-worked values as the optimizer unit tests (w0 = 1 except FTRL's 0).
+        (
+            "sgd",
+            pb::optimizer::Kind::Sgd(pb::Sgd { learning_rate: 0.1 }),
+            [0.5, -1.0],
+        ),
+        (
+            "mom",
+            pb::optimizer::Kind::Momentum(pb::Momentum {
+                learning_rate: 0.1,
+                momentum: 0.9,
+                nesterov: false,
+            }),
+            [1.0, 1.0],
+        ),
+        (
+            "ada",
+            pb::optimizer::Kind::Adagrad(pb::Adagrad {
+                learning_rate: 0.5,
+                initial_accumulator: 0.1,
+                epsilon: 1e-30,
+            }),
+            [2.0, 1.0],
+        ),
+        (
+            "adam",
+            pb::optimizer::Kind::Adam(pb::Adam {
+                learning_rate: 0.01,
+                beta1: 0.9,
+                beta2: 0.999,
+                epsilon: 1e-12,
+            }),
+            [1.0, 0.0],
+        ),
+        (
+            "ftrl",
+            pb::optimizer::Kind::Ftrl(pb::Ftrl {
+                alpha: 1.0,
+                beta: 1.0,
+                l1: 0.5,
+                l2: 0.0,
+            }),
+            [2.0, 1.0],
+        ),
+    ];
+    let expected = [
+        1.05,
+        0.71,
+        1.0 - 0.493_864_8 - 0.221_403_7,
+        0.99 - 0.006_700_6,
+        -0.809_017,
+    ];
+    for step in 0..2 {
+        let mut cfg = ServerConfig::local(Some(dir.path().to_owned()));
+        cfg.num_shards = 1;
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(ps_server::run(cfg, listener, None, shutdown.clone()));
+        let mut c = ParameterServerClient::connect(url).await.unwrap();
+        for (i, (name, kind, grads)) in opts.iter().enumerate() {
+            let init = if *name == "ftrl" { 0.0 } else { 1.0 };
+            let spec = pb::TableSpec {
+                name: (*name).into(),
+                kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec { dim: 1 })),
+                optimizer: Some(pb::Optimizer {
+                    kind: Some(kind.clone()),
+                }),
+                initializer: Some(pb::Initializer {
+                    kind: Some(pb::initializer::Kind::Uniform(pb::Uniform {
+                        low: init,
+                        high: init + 1e-7,
+                    })),
+                    seed: 0,
+                }),
+                non_finite: 0,
+            };
+            c.create_table(pb::CreateTableRequest { spec: Some(spec) })
+                .await
+                .unwrap();
+            c.push_sparse(pb::PushSparseRequest {
+                table: (*name).into(),
+                push_id: push_id(),
+                map_epoch: 0,
+                ids: vec![5],
+                values: Some(f32s(&[grads[step]])),
+            })
+            .await
+            .unwrap();
+            if step == 1 {
+                let v = c
+                    .pull_sparse(pb::PullSparseRequest {
+                        table: (*name).into(),
+                        ids: vec![5],
+                        ..Default::default()
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                let got = decode(&v.values.unwrap())[0];
+                assert!(
+                    (got - expected[i]).abs() < 2e-6,
+                    "{name}: {got} vs {}",
+                    expected[i]
+                );
+            }
+        }
+        shutdown.cancel();
+        task.await.unwrap().unwrap();
+    }
+}

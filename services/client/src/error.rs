@@ -1,0 +1,42 @@
+//! The client's typed errors.
+
+/// What went wrong with a call, with the shard it came from.
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// A shard answered with an error status (after any retries).
+    #[error("shard {shard} ({endpoint}) answered {code:?}: {message}")]
+    Status {
+        shard: usize,
+        endpoint: String,
+        code: tonic::Code,
+        message: String,
+    },
+    /// The endpoint list does not describe the cluster.
+    #[error("shard list does not match the cluster: {0}")]
+    Topology(String),
+    /// The caller's input is wrong before anything is sent.
+    #[error("{0}")]
+    InvalidInput(String),
+    /// A shard answered something this client cannot read.
+    #[error("unexpected answer: {0}")]
+    Protocol(String),
+}
+
+impl ClientError {
+    pub(crate) fn from_status(shard: usize, endpoint: &str, s: tonic::Status) -> Self {
+        Self::Status {
+            shard,
+            endpoint: endpoint.to_owned(),
+            code: s.code(),
+            message: s.message().to_owned(),
+        }
+    }
+
+    /// The gRPC code when a shard answered with an error.
+    pub fn code(&self) -> Option<tonic::Code> {
+        match self {
+            Self::Status { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}

@@ -1,0 +1,714 @@
+//! The Rust client SDK of the parameter-server cluster.
+//!
+//! [`PsClient`] connects to every shard, checks that the list matches the cluster, and then
+//! routes each push and pull with the same partitioner the shards enforce: dense tensors are cut
+//! into their table's chunks and sent to the owning shards in requests of bounded size, sparse
+//! ids are grouped by owner; requests fan out concurrently and answers are reassembled in order.
+//!
+//! Every push carries this client's id and a fresh sequence number. A push that fails with
+//! `unavailable` (a shard restarting, a dropped connection) is retried with backoff under the
+//! *same* sequence number, so the shard applies it exactly once.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ps_client::ClientError> {
+//! use ps_client::{ClientConfig, PsClient};
+//! use ps_core::{Optimizer, TableSpec};
+//!
+//! let ps = PsClient::connect(ClientConfig::new(["http://127.0.0.1:7070"])).await?;
+//! let spec = TableSpec::dense("w", &[784, 10]).unwrap().with_optimizer(Optimizer::sgd(0.1)).unwrap();
+//! ps.create_table(spec).await?;
+//! ps.push_dense("w", &vec![0.01; 7840]).await?;
+//! let w = ps.pull_dense("w").await?;
+//! assert_eq!(w.len(), 7840);
+//! # Ok(()) }
+//! ```
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+mod error;
+mod seq;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::ops::Range;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use parking_lot::RwLock;
+use ps_core::request::DenseSlice;
+use ps_core::wire::{CONNECTION_WINDOW, STREAM_WINDOW};
+use ps_core::{Partitioner, Payload, TableKind, TableName, TableSpec};
+use ps_proto::v1 as pb;
+use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use tonic::transport::{Channel, Endpoint};
+
+pub use error::ClientError;
+use seq::SeqTracker;
+
+/// How to reach the cluster and how to behave when it misbehaves.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Shard endpoints in shard-index order (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// This client's id for exactly-once pushes; random when `None`.
+    pub client_id: Option<u64>,
+    /// Largest request (or answer) the client builds, in bytes of values.
+    pub max_request_bytes: usize,
+    /// Requests in flight at once across all shards.
+    pub max_in_flight: usize,
+    /// Attempts for a call that fails with `unavailable` (1 = no retry).
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    pub connect_timeout: Duration,
+    /// Deadline of each call; none when `None`.
+    pub request_timeout: Option<Duration>,
+}
+
+impl ClientConfig {
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            client_id: None,
+            max_request_bytes: 4 << 20,
+            max_in_flight: 16,
+            max_attempts: 10,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: None,
+        }
+    }
+}
+
+/// A shard's identity as it reported it.
+#[derive(Debug, Clone)]
+pub struct ShardInfo {
+    pub endpoint: String,
+    pub shard_index: u32,
+    pub num_shards: u32,
+    pub durable: bool,
+    pub max_request_bytes: u64,
+    pub server_version: String,
+}
+
+/// What a push did, summed over the shards it touched.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PushSummary {
+    pub requests: u64,
+    /// Requests a shard had already applied (a retry whose first answer was lost).
+    pub duplicates: u64,
+    pub applied_values: u64,
+    pub skipped_non_finite: u64,
+}
+
+impl PushSummary {
+    fn add(&mut self, r: &pb::PushResponse) {
+        self.requests += 1;
+        self.duplicates += u64::from(r.duplicate);
+        self.applied_values += r.applied_values;
+        self.skipped_non_finite += r.skipped_non_finite;
+    }
+}
+
+/// A checkpoint taken on one shard.
+#[derive(Debug, Clone)]
+pub struct ShardCheckpoint {
+    pub shard: usize,
+    pub name: String,
+    pub path: String,
+    pub files: u64,
+    pub bytes: u64,
+    pub sequence: u64,
+}
+
+/// A connection to every shard of a cluster. Cheap to clone; safe to share between tasks.
+#[derive(Debug, Clone)]
+pub struct PsClient {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    cfg: ClientConfig,
+    shards: Vec<(String, ParameterServerClient<Channel>)>,
+    infos: Vec<ShardInfo>,
+    partitioner: Partitioner,
+    client_id: u64,
+    seqs: SeqTracker,
+    specs: RwLock<HashMap<TableName, TableSpec>>,
+}
+
+fn table_name(name: &str) -> Result<TableName, ClientError> {
+    TableName::try_from(name).map_err(|e| ClientError::InvalidInput(e.to_string()))
+}
+
+impl PsClient {
+    /// Connects to every shard and checks that shard `i` of the list says it is shard `i` of
+    /// `endpoints.len()`.
+    pub async fn connect(cfg: ClientConfig) -> Result<Self, ClientError> {
+        if cfg.endpoints.is_empty() {
+            return Err(ClientError::InvalidInput("no shard endpoints given".into()));
+        }
+        let mut shards = Vec::new();
+        for ep in &cfg.endpoints {
+            let endpoint = Endpoint::from_shared(ep.clone())
+                .map_err(|e| ClientError::InvalidInput(format!("bad endpoint `{ep}`: {e}")))?
+                .initial_stream_window_size(STREAM_WINDOW)
+                .initial_connection_window_size(CONNECTION_WINDOW)
+                .tcp_nodelay(true)
+                .connect_timeout(cfg.connect_timeout);
+            let endpoint = match cfg.request_timeout {
+                Some(t) => endpoint.timeout(t),
+                None => endpoint,
+            };
+            let client = ParameterServerClient::new(endpoint.connect_lazy())
+                .max_decoding_message_size(usize::MAX)
+                .max_encoding_message_size(usize::MAX);
+            shards.push((ep.clone(), client));
+        }
+        let client_id = cfg
+            .client_id
+            .unwrap_or_else(|| rand::random::<u64>().max(1));
+        let mut this = Inner {
+            partitioner: Partitioner::new(shards.len() as u32, 1),
+            infos: Vec::new(),
+            shards,
+            client_id,
+            seqs: SeqTracker::default(),
+            specs: RwLock::new(HashMap::new()),
+            cfg,
+        };
+        let n = this.shards.len();
+        let infos = this
+            .all(|mut c| async move { c.shard_info(pb::ShardInfoRequest {}).await })
+            .await?;
+        let mut vnodes = None;
+        for (i, (ep, info)) in this.cfg.endpoints.iter().zip(&infos).enumerate() {
+            if info.shard_index as usize != i || info.num_shards as usize != n {
+                return Err(ClientError::Topology(format!(
+                    "{ep} is shard {} of {}, but it is listed as shard {i} of {n}; list the shards in \
+                     index order, all of them",
+                    info.shard_index, info.num_shards
+                )));
+            }
+            if *vnodes.get_or_insert(info.virtual_nodes) != info.virtual_nodes {
+                return Err(ClientError::Topology(format!(
+                    "{ep} uses {} virtual nodes but shard 0 uses {vnodes:?}; the shards disagree on routing",
+                    info.virtual_nodes
+                )));
+            }
+        }
+        this.partitioner = Partitioner::new(n as u32, vnodes.unwrap_or(1));
+        this.infos = infos
+            .into_iter()
+            .zip(&this.cfg.endpoints)
+            .map(|(i, ep)| ShardInfo {
+                endpoint: ep.clone(),
+                shard_index: i.shard_index,
+                num_shards: i.num_shards,
+                durable: i.durable,
+                max_request_bytes: i.max_request_bytes,
+                server_version: i.server_version,
+            })
+            .collect();
+        // Never build a request the smallest server limit would refuse (leave room for framing).
+        let server_limit = this
+            .infos
+            .iter()
+            .map(|i| i.max_request_bytes)
+            .min()
+            .unwrap_or(u64::MAX);
+        let server_limit =
+            usize::try_from(server_limit.saturating_sub(64 << 10)).unwrap_or(usize::MAX);
+        this.cfg.max_request_bytes = this.cfg.max_request_bytes.min(server_limit).max(4096);
+        Ok(Self {
+            inner: Arc::new(this),
+        })
+    }
+
+    /// This client's id, as carried by its pushes.
+    pub fn client_id(&self) -> u64 {
+        self.inner.client_id
+    }
+
+    pub fn shards(&self) -> &[ShardInfo] {
+        &self.inner.infos
+    }
+
+    pub fn partitioner(&self) -> &Partitioner {
+        &self.inner.partitioner
+    }
+
+    /// Creates a table on every shard (idempotent: the same spec again is fine) and returns the
+    /// spec as stored, defaults filled in.
+    pub async fn create_table(&self, spec: TableSpec) -> Result<TableSpec, ClientError> {
+        let req = pb::CreateTableRequest {
+            spec: Some((&spec).into()),
+        };
+        let answers = self
+            .inner
+            .all(|mut c| {
+                let req = req.clone();
+                async move { c.create_table(req).await }
+            })
+            .await?;
+        let stored = answers
+            .into_iter()
+            .next()
+            .and_then(|a| a.spec)
+            .ok_or_else(|| ClientError::Protocol("CreateTable answered without a spec".into()))?;
+        let stored =
+            TableSpec::try_from(stored).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.inner
+            .specs
+            .write()
+            .insert(stored.name.clone(), stored.clone());
+        Ok(stored)
+    }
+
+    /// The spec of table `name` (cached after the first call).
+    pub async fn describe_table(&self, name: &str) -> Result<TableSpec, ClientError> {
+        let name = table_name(name)?;
+        if let Some(s) = self.inner.specs.read().get(&name) {
+            return Ok(s.clone());
+        }
+        let req = pb::DescribeTableRequest {
+            name: name.to_string(),
+        };
+        let resp = self
+            .inner
+            .call(0, |mut c| {
+                let req = req.clone();
+                async move { c.describe_table(req).await }
+            })
+            .await?;
+        let spec = resp
+            .spec
+            .ok_or_else(|| ClientError::Protocol("DescribeTable answered without a spec".into()))?;
+        let spec = TableSpec::try_from(spec).map_err(|e| ClientError::Protocol(e.to_string()))?;
+        self.inner.specs.write().insert(name, spec.clone());
+        Ok(spec)
+    }
+
+    pub async fn list_tables(&self) -> Result<Vec<TableSpec>, ClientError> {
+        let resp = self
+            .inner
+            .call(0, |mut c| async move {
+                c.list_tables(pb::ListTablesRequest {}).await
+            })
+            .await?;
+        resp.tables
+            .into_iter()
+            .map(|t| TableSpec::try_from(t).map_err(|e| ClientError::Protocol(e.to_string())))
+            .collect()
+    }
+
+    /// Drops table `name` on every shard.
+    pub async fn drop_table(&self, name: &str) -> Result<(), ClientError> {
+        let name = table_name(name)?;
+        self.inner.specs.write().remove(&name);
+        let req = pb::DropTableRequest {
+            name: name.to_string(),
+        };
+        self.inner
+            .all(|mut c| {
+                let req = req.clone();
+                async move { c.drop_table(req).await }
+            })
+            .await?;
+        Ok(())
+    }
+
+    async fn dense_spec(
+        &self,
+        name: &str,
+    ) -> Result<(TableSpec, ps_core::DenseShape), ClientError> {
+        let spec = self.describe_table(name).await?;
+        match &spec.kind {
+            TableKind::Dense(shape) => {
+                let shape = shape.clone();
+                Ok((spec, shape))
+            }
+            TableKind::Sparse { .. } => Err(ClientError::InvalidInput(format!(
+                "table `{name}` is sparse; use push_sparse / pull_sparse"
+            ))),
+        }
+    }
+
+    async fn sparse_dim(&self, name: &str) -> Result<(TableSpec, usize), ClientError> {
+        let spec = self.describe_table(name).await?;
+        match spec.kind {
+            TableKind::Sparse { dim } => Ok((spec, dim as usize)),
+            TableKind::Dense(_) => Err(ClientError::InvalidInput(format!(
+                "table `{name}` is dense; use push_dense / pull_dense"
+            ))),
+        }
+    }
+
+    /// Pushes a gradient for the whole dense tensor `name`.
+    pub async fn push_dense(&self, name: &str, grad: &[f32]) -> Result<PushSummary, ClientError> {
+        let (_, shape) = self.dense_spec(name).await?;
+        if grad.len() as u64 != shape.len() {
+            return Err(ClientError::InvalidInput(format!(
+                "table `{name}` holds {} values (shape {:?}); the gradient has {}",
+                shape.len(),
+                shape.shape,
+                grad.len()
+            )));
+        }
+        self.push_dense_chunks(name, 0, grad).await
+    }
+
+    /// Pushes a gradient for the chunks starting at `first_chunk`; `grad` must cover whole
+    /// chunks (the last chunk of the tensor may be short).
+    pub async fn push_dense_chunks(
+        &self,
+        name: &str,
+        first_chunk: u64,
+        grad: &[f32],
+    ) -> Result<PushSummary, ClientError> {
+        let (spec, shape) = self.dense_spec(name).await?;
+        let hash = spec.name.hash64();
+        let n = self.inner.shards.len();
+        let max_values = (self.inner.cfg.max_request_bytes / 4).max(1);
+        // Per shard: requests under construction, each a list of slices.
+        let mut per_shard: Vec<Vec<Vec<DenseSlice>>> = vec![Vec::new(); n];
+        let mut fill: Vec<usize> = vec![usize::MAX; n];
+        let mut offset = 0usize;
+        let mut chunk = first_chunk;
+        while offset < grad.len() {
+            let len = shape.chunk_len(chunk).ok_or_else(|| {
+                ClientError::InvalidInput(format!(
+                    "chunk {chunk} is past the end of `{name}` ({} chunks)",
+                    shape.num_chunks()
+                ))
+            })?;
+            let end = offset + len;
+            if end > grad.len() {
+                return Err(ClientError::InvalidInput(format!(
+                    "the gradient ends inside chunk {chunk}: push whole chunks of {} values",
+                    shape.chunk_elems
+                )));
+            }
+            let s = self.inner.partitioner.shard_for_chunk(hash, chunk) as usize;
+            if fill[s].saturating_add(len) > max_values {
+                per_shard[s].push(Vec::new());
+                fill[s] = 0;
+            }
+            if let Some(req) = per_shard[s].last_mut() {
+                req.push(DenseSlice {
+                    chunk,
+                    values: Payload::from_f32(&grad[offset..end]),
+                });
+            }
+            fill[s] += len;
+            offset = end;
+            chunk += 1;
+        }
+        let requests = per_shard
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, reqs)| reqs.into_iter().map(move |r| (s, r)));
+        let table = spec.name.to_string();
+        let summaries = stream::iter(requests)
+            .map(|(shard, slices)| {
+                let table = table.clone();
+                let slices: Vec<pb::DenseSlice> = slices.into_iter().map(Into::into).collect();
+                self.inner.push(shard, move |mut c, push_id| {
+                    let req = pb::PushDenseRequest {
+                        table: table.clone(),
+                        push_id: Some(push_id),
+                        map_epoch: 0,
+                        slices: slices.clone(),
+                    };
+                    async move { c.push_dense(req).await }
+                })
+            })
+            .buffer_unordered(self.inner.cfg.max_in_flight)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let mut total = PushSummary::default();
+        for s in &summaries {
+            total.add(s);
+        }
+        Ok(total)
+    }
+
+    /// Pulls the whole dense tensor `name`.
+    pub async fn pull_dense(&self, name: &str) -> Result<Vec<f32>, ClientError> {
+        let (_, shape) = self.dense_spec(name).await?;
+        self.pull_dense_chunks(name, 0..shape.num_chunks()).await
+    }
+
+    /// Pulls chunks `chunks` of dense tensor `name`, concatenated.
+    pub async fn pull_dense_chunks(
+        &self,
+        name: &str,
+        chunks: Range<u64>,
+    ) -> Result<Vec<f32>, ClientError> {
+        let (spec, shape) = self.dense_spec(name).await?;
+        if chunks.end > shape.num_chunks() || chunks.start > chunks.end {
+            return Err(ClientError::InvalidInput(format!(
+                "chunks {chunks:?} are out of range: `{name}` has {} chunks",
+                shape.num_chunks()
+            )));
+        }
+        let hash = spec.name.hash64();
+        let base = chunks.start * shape.chunk_elems;
+        let total: usize = chunks.clone().filter_map(|c| shape.chunk_len(c)).sum();
+        let max_values = (self.inner.cfg.max_request_bytes / 4).max(1);
+        let n = self.inner.shards.len();
+        let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); n];
+        let mut fill = vec![usize::MAX; n];
+        for c in chunks {
+            let len = shape.chunk_len(c).unwrap_or(0);
+            let s = self.inner.partitioner.shard_for_chunk(hash, c) as usize;
+            if fill[s].saturating_add(len) > max_values {
+                per_shard[s].push(Vec::new());
+                fill[s] = 0;
+            }
+            if let Some(r) = per_shard[s].last_mut() {
+                r.push(c);
+            }
+            fill[s] += len;
+        }
+        let requests = per_shard
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, reqs)| reqs.into_iter().map(move |r| (s, r)));
+        let table = spec.name.to_string();
+        let mut out = vec![0.0f32; total];
+        let mut answers = stream::iter(requests)
+            .map(|(shard, chunks)| {
+                let req = pb::PullDenseRequest {
+                    table: table.clone(),
+                    chunks,
+                    accept: pb::Encoding::F32 as i32,
+                    map_epoch: 0,
+                };
+                self.inner.call(shard, move |mut c| {
+                    let req = req.clone();
+                    async move { c.pull_dense(req).await }
+                })
+            })
+            .buffer_unordered(self.inner.cfg.max_in_flight);
+        while let Some(resp) = answers.try_next().await? {
+            for slice in resp.slices {
+                let slice = DenseSlice::try_from(slice)
+                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                let start = (slice.chunk * shape.chunk_elems - base) as usize;
+                let dst = out
+                    .get_mut(start..start + slice.values.len())
+                    .ok_or_else(|| {
+                        ClientError::Protocol(format!(
+                            "chunk {} answered out of range",
+                            slice.chunk
+                        ))
+                    })?;
+                slice.values.decode_into(dst);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Pushes gradients for rows `ids` of sparse table `name`: `grads` holds `ids.len() * dim`
+    /// values, row after row. Duplicate ids are summed by the shard.
+    pub async fn push_sparse(
+        &self,
+        name: &str,
+        ids: &[u64],
+        grads: &[f32],
+    ) -> Result<PushSummary, ClientError> {
+        let (spec, dim) = self.sparse_dim(name).await?;
+        if grads.len() != ids.len() * dim {
+            return Err(ClientError::InvalidInput(format!(
+                "{} ids of dim {dim} need {} gradient values; got {}",
+                ids.len(),
+                ids.len() * dim,
+                grads.len()
+            )));
+        }
+        let groups = self.group_ids(&spec, ids, dim);
+        let table = spec.name.to_string();
+        let requests = groups.into_iter().map(|(shard, positions)| {
+            let ids: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();
+            let values =
+                Payload::from_f32_parts(positions.iter().map(|&p| &grads[p * dim..(p + 1) * dim]));
+            let table = table.clone();
+            let values: pb::Payload = values.into();
+            self.inner.push(shard, move |mut c, push_id| {
+                let req = pb::PushSparseRequest {
+                    table: table.clone(),
+                    push_id: Some(push_id),
+                    map_epoch: 0,
+                    ids: ids.clone(),
+                    values: Some(values.clone()),
+                };
+                async move { c.push_sparse(req).await }
+            })
+        });
+        let answers = stream::iter(requests)
+            .buffer_unordered(self.inner.cfg.max_in_flight)
+            .try_collect::<Vec<_>>()
+            .await?;
+        let mut total = PushSummary::default();
+        for a in &answers {
+            total.add(a);
+        }
+        Ok(total)
+    }
+
+    /// Pulls rows `ids` of sparse table `name`: `ids.len() * dim` values, row after row.
+    pub async fn pull_sparse(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
+        let (spec, dim) = self.sparse_dim(name).await?;
+        let groups = self.group_ids(&spec, ids, dim);
+        let table = spec.name.to_string();
+        let mut out = vec![0.0f32; ids.len() * dim];
+        let mut answers = stream::iter(groups.into_iter().map(|(shard, positions)| {
+            let req = pb::PullSparseRequest {
+                table: table.clone(),
+                ids: positions.iter().map(|&p| ids[p]).collect(),
+                accept: pb::Encoding::F32 as i32,
+                map_epoch: 0,
+            };
+            let call = self.inner.call(shard, move |mut c| {
+                let req = req.clone();
+                async move { c.pull_sparse(req).await }
+            });
+            async move { call.await.map(|r| (positions, r)) }
+        }))
+        .buffer_unordered(self.inner.cfg.max_in_flight);
+        while let Some((positions, resp)) = answers.try_next().await? {
+            let values = resp
+                .values
+                .ok_or_else(|| ClientError::Protocol("PullSparse answered without values".into()))
+                .and_then(|v| {
+                    Payload::try_from(v).map_err(|e| ClientError::Protocol(e.to_string()))
+                })?;
+            if values.len() != positions.len() * dim {
+                return Err(ClientError::Protocol(format!(
+                    "asked for {} rows of dim {dim}, got {} values",
+                    positions.len(),
+                    values.len()
+                )));
+            }
+            let rows = values.to_vec();
+            for (&p, row) in positions.iter().zip(rows.chunks_exact(dim)) {
+                out[p * dim..(p + 1) * dim].copy_from_slice(row);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Groups positions of `ids` by owning shard, in requests of bounded size.
+    fn group_ids(&self, spec: &TableSpec, ids: &[u64], dim: usize) -> Vec<(usize, Vec<usize>)> {
+        let hash = spec.name.hash64();
+        let n = self.inner.shards.len();
+        let per_request = (self.inner.cfg.max_request_bytes / (dim * 4 + 8)).max(1);
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (p, &id) in ids.iter().enumerate() {
+            by_shard[self.inner.partitioner.shard_for_id(hash, id) as usize].push(p);
+        }
+        by_shard
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, pos)| {
+                pos.chunks(per_request)
+                    .map(|c| (s, c.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+
+    /// Checkpoints every shard under the same name (empty: a time-based name per shard).
+    pub async fn checkpoint(&self, name: &str) -> Result<Vec<ShardCheckpoint>, ClientError> {
+        let req = pb::CheckpointRequest {
+            name: name.to_owned(),
+        };
+        let answers = self
+            .inner
+            .all(|mut c| {
+                let req = req.clone();
+                async move { c.checkpoint(req).await }
+            })
+            .await?;
+        Ok(answers
+            .into_iter()
+            .enumerate()
+            .map(|(shard, a)| ShardCheckpoint {
+                shard,
+                name: a.name,
+                path: a.path,
+                files: a.files,
+                bytes: a.bytes,
+                sequence: a.sequence,
+            })
+            .collect())
+    }
+
+    /// Every shard's statistics, in shard order.
+    pub async fn stats(&self) -> Result<Vec<pb::GetStatsResponse>, ClientError> {
+        self.inner
+            .all(|mut c| async move { c.get_stats(pb::GetStatsRequest {}).await })
+            .await
+    }
+}
+
+impl Inner {
+    /// Calls shard `shard`, retrying `unavailable` with exponential backoff.
+    async fn call<T, F, Fut>(&self, shard: usize, mut f: F) -> Result<T, ClientError>
+    where
+        F: FnMut(ParameterServerClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let (endpoint, client) = &self.shards[shard];
+        let mut backoff = self.cfg.initial_backoff;
+        let mut attempt = 1;
+        loop {
+            match f(client.clone()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s)
+                    if s.code() == tonic::Code::Unavailable && attempt < self.cfg.max_attempts =>
+                {
+                    tracing::debug!(shard, attempt, error = %s.message(), "shard unavailable; retrying");
+                    // Full jitter keeps many clients from retrying in lock-step.
+                    let wait = backoff.mul_f64(0.5 + rand::random::<f64>() * 0.5);
+                    tokio::time::sleep(wait).await;
+                    backoff = (backoff * 2).min(self.cfg.max_backoff);
+                    attempt += 1;
+                }
+                Err(s) => return Err(ClientError::from_status(shard, endpoint, s)),
+            }
+        }
+    }
+
+    /// A push to `shard`: one sequence number for every attempt of it.
+    async fn push<F, Fut>(&self, shard: usize, mut f: F) -> Result<pb::PushResponse, ClientError>
+    where
+        F: FnMut(ParameterServerClient<Channel>, pb::PushId) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<pb::PushResponse>, tonic::Status>>,
+    {
+        let ticket = self.seqs.begin();
+        let push_id = pb::PushId {
+            client_id: self.client_id,
+            seq: ticket.seq(),
+            min_unacked_seq: ticket.min_unacked(),
+        };
+        self.call(shard, |c| f(c, push_id)).await
+    }
+
+    /// The same call on every shard, concurrently; answers in shard order.
+    async fn all<T, F, Fut>(&self, f: F) -> Result<Vec<T>, ClientError>
+    where
+        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        futures::future::try_join_all((0..self.shards.len()).map(|s| self.call(s, &f))).await
+    }
+}

@@ -1,0 +1,257 @@
+//! Validated push and pull requests. Checks that need the table's spec (shape, chunk bounds,
+//! row width) are made by the shard that holds it; everything else is checked here.
+
+use ps_proto::v1 as pb;
+
+use crate::error::ValidationError;
+use crate::payload::{Encoding, Payload};
+use crate::table::TableName;
+
+/// Identity of one push, for exactly-once application.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PushId {
+    pub client_id: u64,
+    pub seq: u64,
+    /// The client will never retry a sequence number below this one.
+    pub min_unacked_seq: u64,
+}
+
+impl TryFrom<Option<pb::PushId>> for PushId {
+    type Error = ValidationError;
+
+    fn try_from(p: Option<pb::PushId>) -> Result<Self, Self::Error> {
+        let p = p.ok_or_else(|| {
+            ValidationError::new(
+                "push_id",
+                "every push carries (client_id, seq) so a retry is applied once",
+            )
+        })?;
+        if p.client_id == 0 {
+            return Err(ValidationError::new(
+                "push_id.client_id",
+                "0 is reserved; use a random u64",
+            ));
+        }
+        if p.min_unacked_seq > p.seq {
+            return Err(ValidationError::new(
+                "push_id.min_unacked_seq",
+                format!(
+                    "{} is above seq {}: a push in flight cannot be below the client's own floor",
+                    p.min_unacked_seq, p.seq
+                ),
+            ));
+        }
+        Ok(Self {
+            client_id: p.client_id,
+            seq: p.seq,
+            min_unacked_seq: p.min_unacked_seq,
+        })
+    }
+}
+
+impl From<PushId> for pb::PushId {
+    fn from(p: PushId) -> Self {
+        pb::PushId {
+            client_id: p.client_id,
+            seq: p.seq,
+            min_unacked_seq: p.min_unacked_seq,
+        }
+    }
+}
+
+/// A run of whole chunks of a dense table.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DenseSlice {
+    pub chunk: u64,
+    pub values: Payload,
+}
+
+impl TryFrom<pb::DenseSlice> for DenseSlice {
+    type Error = ValidationError;
+
+    fn try_from(s: pb::DenseSlice) -> Result<Self, Self::Error> {
+        let values = s
+            .values
+            .ok_or_else(|| ValidationError::new("values", "a slice needs its values"))
+            .and_then(Payload::try_from)?;
+        Ok(Self {
+            chunk: s.chunk,
+            values,
+        })
+    }
+}
+
+impl From<DenseSlice> for pb::DenseSlice {
+    fn from(s: DenseSlice) -> Self {
+        pb::DenseSlice {
+            chunk: s.chunk,
+            values: Some(s.values.into()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushDense {
+    pub table: TableName,
+    pub push_id: PushId,
+    pub map_epoch: u64,
+    pub slices: Vec<DenseSlice>,
+}
+
+impl TryFrom<pb::PushDenseRequest> for PushDense {
+    type Error = ValidationError;
+
+    fn try_from(r: pb::PushDenseRequest) -> Result<Self, Self::Error> {
+        let slices = r
+            .slices
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| DenseSlice::try_from(s).map_err(|e| e.within(&format!("slices[{i}]"))))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
+            push_id: PushId::try_from(r.push_id)?,
+            map_epoch: r.map_epoch,
+            slices,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PullDense {
+    pub table: TableName,
+    pub chunks: Vec<u64>,
+    pub accept: Encoding,
+    pub map_epoch: u64,
+}
+
+impl TryFrom<pb::PullDenseRequest> for PullDense {
+    type Error = ValidationError;
+
+    fn try_from(r: pb::PullDenseRequest) -> Result<Self, Self::Error> {
+        Ok(Self {
+            table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
+            chunks: r.chunks,
+            accept: Encoding::from_accept(r.accept)?,
+            map_epoch: r.map_epoch,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PushSparse {
+    pub table: TableName,
+    pub push_id: PushId,
+    pub map_epoch: u64,
+    pub ids: Vec<u64>,
+    pub values: Payload,
+}
+
+impl PushSparse {
+    /// Checks that the rows match the ids for a table of rows of `dim` values.
+    pub fn check_dim(&self, dim: usize) -> Result<(), ValidationError> {
+        let want = self.ids.len().checked_mul(dim);
+        if want != Some(self.values.len()) {
+            return Err(ValidationError::new(
+                "values",
+                format!(
+                    "{} ids of dim {dim} need {} values, but the payload holds {}",
+                    self.ids.len(),
+                    want.map_or_else(|| "too many".to_owned(), |w| w.to_string()),
+                    self.values.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl TryFrom<pb::PushSparseRequest> for PushSparse {
+    type Error = ValidationError;
+
+    fn try_from(r: pb::PushSparseRequest) -> Result<Self, Self::Error> {
+        let values = r
+            .values
+            .ok_or_else(|| ValidationError::new("values", "a sparse push needs its rows"))
+            .and_then(Payload::try_from)?;
+        Ok(Self {
+            table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
+            push_id: PushId::try_from(r.push_id)?,
+            map_epoch: r.map_epoch,
+            ids: r.ids,
+            values,
+        })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct PullSparse {
+    pub table: TableName,
+    pub ids: Vec<u64>,
+    pub accept: Encoding,
+    pub map_epoch: u64,
+}
+
+impl TryFrom<pb::PullSparseRequest> for PullSparse {
+    type Error = ValidationError;
+
+    fn try_from(r: pb::PullSparseRequest) -> Result<Self, Self::Error> {
+        Ok(Self {
+            table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
+            ids: r.ids,
+            accept: Encoding::from_accept(r.accept)?,
+            map_epoch: r.map_epoch,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_id_is_required_and_checked() {
+        assert_eq!(PushId::try_from(None).unwrap_err().field, "push_id");
+        let e = PushId::try_from(Some(pb::PushId {
+            client_id: 0,
+            seq: 1,
+            min_unacked_seq: 0,
+        }))
+        .unwrap_err();
+        assert_eq!(e.field, "push_id.client_id");
+        let e = PushId::try_from(Some(pb::PushId {
+            client_id: 3,
+            seq: 1,
+            min_unacked_seq: 2,
+        }))
+        .unwrap_err();
+        assert_eq!(e.field, "push_id.min_unacked_seq");
+    }
+
+    #[test]
+    fn sparse_rows_must_match_ids() {
+        let p = PushSparse {
+            table: TableName::try_from("e").unwrap(),
+            push_id: PushId {
+                client_id: 1,
+                seq: 1,
+                min_unacked_seq: 0,
+            },
+            map_epoch: 0,
+            ids: vec![1, 2, 3],
+            values: Payload::from_f32(&[0.0; 8]),
+        };
+        assert!(
+            p.check_dim(4)
+                .unwrap_err()
+                .reason
+                .contains("3 ids of dim 4 need 12 values")
+        );
+        assert!(p.check_dim(1).is_err());
+        let ok = PushSparse {
+            values: Payload::from_f32(&[0.0; 12]),
+            ..p
+        };
+        ok.check_dim(4).unwrap();
+    }
+}

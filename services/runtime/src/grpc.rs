@@ -1,0 +1,156 @@
+//! The gRPC server scaffold every service runs: its own service plus `grpc.health.v1.Health`
+//! and reflection (v1 and v1alpha, so grpcurl 1.8 works), generous HTTP/2 windows for large
+//! tensors, and one shutdown sequence.
+//!
+//! Shutdown, when the token is cancelled: health turns NOT_SERVING; after `drain` (time for load
+//! balancers to notice) the listener closes; in-flight calls get up to `grace` to finish.
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::transport::server::TcpIncoming;
+use tonic_health::ServingStatus;
+
+/// How a service's gRPC server behaves.
+#[derive(Debug, Clone)]
+pub struct GrpcOptions {
+    /// Encoded `FileDescriptorSet`s served by reflection (health's is added).
+    pub descriptor_sets: Vec<&'static [u8]>,
+    /// Time between NOT_SERVING and closing the listener.
+    pub drain: Duration,
+    /// Longest wait for in-flight calls once the listener is closed.
+    pub grace: Duration,
+}
+
+impl Default for GrpcOptions {
+    fn default() -> Self {
+        Self {
+            descriptor_sets: Vec::new(),
+            drain: Duration::ZERO,
+            grace: Duration::from_secs(30),
+        }
+    }
+}
+
+use ps_core::wire::{CONNECTION_WINDOW, STREAM_WINDOW};
+
+/// Serves `svc` with health and reflection on `listener` until `shutdown` is cancelled, then
+/// drains as described in the module docs. Returns once the server has stopped.
+pub async fn serve<S>(
+    listener: TcpListener,
+    svc: S,
+    opts: GrpcOptions,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()>
+where
+    S: tower_service::Service<
+            http::Request<Body>,
+            Response = http::Response<Body>,
+            Error = Infallible,
+        > + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("", ServingStatus::Serving)
+        .await;
+    reporter
+        .set_service_status(S::NAME, ServingStatus::Serving)
+        .await;
+
+    let mut reflection = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    let mut reflection_alpha = tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET);
+    for fds in &opts.descriptor_sets {
+        reflection = reflection.register_encoded_file_descriptor_set(fds);
+        reflection_alpha = reflection_alpha.register_encoded_file_descriptor_set(fds);
+    }
+    let reflection = reflection.build_v1()?;
+    let reflection_alpha = reflection_alpha.build_v1alpha()?;
+
+    let local = listener.local_addr()?;
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+
+    // Stops accepting after NOT_SERVING and the drain delay.
+    let stop = CancellationToken::new();
+    let stop_accepting = stop.clone();
+    let drain = opts.drain;
+    let watcher = tokio::spawn(async move {
+        shutdown.cancelled().await;
+        reporter
+            .set_service_status("", ServingStatus::NotServing)
+            .await;
+        reporter
+            .set_service_status(S::NAME, ServingStatus::NotServing)
+            .await;
+        tracing::info!(
+            drain_ms = drain.as_millis() as u64,
+            "health is NOT_SERVING; draining"
+        );
+        tokio::time::sleep(drain).await;
+        stop_accepting.cancel();
+    });
+
+    tracing::info!(%local, service = S::NAME, "gRPC server listening");
+    let server = tonic::transport::Server::builder()
+        .layer(tower::util::MapResponseLayer::new(
+            oversize_is_resource_exhausted,
+        ))
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(Some(1 << 20))
+        .add_service(health)
+        .add_service(reflection)
+        .add_service(reflection_alpha)
+        .add_service(svc)
+        .serve_with_incoming_shutdown(incoming, {
+            let stop = stop.clone();
+            async move { stop.cancelled().await }
+        });
+    tokio::pin!(server);
+    let result = tokio::select! {
+        r = &mut server => r,
+        () = async {
+            stop.cancelled().await;
+            tokio::time::sleep(opts.grace).await;
+        } => {
+            tracing::warn!(grace_s = opts.grace.as_secs(), "in-flight calls did not finish within the grace period");
+            Ok(())
+        }
+    };
+    watcher.abort();
+    result?;
+    tracing::info!(service = S::NAME, "gRPC server stopped");
+    Ok(())
+}
+
+/// tonic answers a request over the decoding limit with OUT_OF_RANGE; gRPC's convention (and what
+/// clients retry on) is RESOURCE_EXHAUSTED, with a message that says what to change.
+fn oversize_is_resource_exhausted(mut resp: http::Response<Body>) -> http::Response<Body> {
+    if let Some(status) = tonic::Status::from_header_map(resp.headers()) {
+        if status.code() == tonic::Code::OutOfRange
+            && status
+                .message()
+                .starts_with("Error, decoded message length too large")
+        {
+            let better = tonic::Status::resource_exhausted(format!(
+                "request too large: {}; send smaller requests or raise the server's --max-request-bytes",
+                status
+                    .message()
+                    .trim_start_matches("Error, decoded message length too large: ")
+            ));
+            // Only fails for a message that cannot be a header value; ours always can.
+            let _ = better.add_header(resp.headers_mut());
+        }
+    }
+    resp
+}

@@ -1,0 +1,19 @@
+//! What every service of the cluster shares, set up the same way everywhere:
+//!
+//! - [`telemetry`]: logs (env filter, formatted) and OpenTelemetry traces when
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT` is set;
+//! - [`metrics`]: the Prometheus recorder with a build-info metric, and the `/metrics` endpoint;
+//! - [`shutdown`]: SIGINT/SIGTERM cancel one token;
+//! - [`grpc`]: the gRPC server scaffold: health, reflection (v1 and v1alpha), window sizes, and
+//!   the drain-then-stop shutdown sequence;
+//! - [`config`]: loading an optional TOML file of tunables.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod config;
+pub mod grpc;
+pub mod metrics;
+pub mod shutdown;
+pub mod telemetry;
+
+pub use tokio_util::sync::CancellationToken;

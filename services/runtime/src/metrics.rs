@@ -1,0 +1,64 @@
+//! The Prometheus recorder and its `/metrics` endpoint.
+
+use std::sync::OnceLock;
+
+use axum::Router;
+use axum::routing::get;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// Buckets for latencies in seconds: 50 µs to 10 s.
+const LATENCY_BUCKETS: &[f64] = &[
+    0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+    2.5, 10.0,
+];
+/// Buckets for sizes and counts: 1 to 16 Mi.
+const SIZE_BUCKETS: &[f64] = &[
+    1.0, 4.0, 16.0, 64.0, 256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0,
+    16777216.0,
+];
+
+static HANDLE: OnceLock<Result<PrometheusHandle, String>> = OnceLock::new();
+
+/// Installs the process-wide recorder (once; later calls return the same handle) and records
+/// `ps_build_info{service,version}`. Histograms whose names end in `_seconds` get latency
+/// buckets, those ending in `_bytes` or `_size` get size buckets.
+pub fn install(service: &'static str) -> anyhow::Result<PrometheusHandle> {
+    let handle = HANDLE.get_or_init(|| {
+        PrometheusBuilder::new()
+            .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), LATENCY_BUCKETS)
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_bytes".into()), SIZE_BUCKETS))
+            .and_then(|b| b.set_buckets_for_metric(Matcher::Suffix("_size".into()), SIZE_BUCKETS))
+            .and_then(|b| b.install_recorder())
+            .map_err(|e| e.to_string())
+    });
+    let handle = handle
+        .clone()
+        .map_err(|e| anyhow::anyhow!("installing the metrics recorder: {e}"))?;
+    metrics::describe_gauge!(
+        "ps_build_info",
+        "Build of the running service (value is always 1)."
+    );
+    metrics::gauge!("ps_build_info", "service" => service, "version" => env!("CARGO_PKG_VERSION"))
+        .set(1.0);
+    Ok(handle)
+}
+
+/// Serves `GET /metrics` (Prometheus text format) until `shutdown` is cancelled.
+pub async fn serve(
+    listener: TcpListener,
+    handle: PrometheusHandle,
+    shutdown: CancellationToken,
+) -> std::io::Result<()> {
+    let app = Router::new().route(
+        "/metrics",
+        get(move || {
+            let h = handle.clone();
+            async move { h.render() }
+        }),
+    );
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { shutdown.cancelled().await })
+        .await
+}

@@ -1,0 +1,212 @@
+//! Whole clusters on loopback, driven through the client SDK.
+
+use ps_client::{ClientConfig, ClientError, PsClient};
+use ps_core::{Initializer, Optimizer, TableSpec};
+use ps_tests::TestCluster;
+use rand::{Rng, SeedableRng};
+
+fn ramp(n: usize) -> Vec<f32> {
+    (0..n).map(|i| (i % 1000) as f32 * 0.001 - 0.5).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dense_round_trip_over_two_shards_with_a_tensor_over_64_mib() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    // 17 Mi values = 68 MiB: far over gRPC's default 4 MiB message limit.
+    let n = 17 * 1024 * 1024;
+    let spec = TableSpec::dense("big", &[n as u64 / 1024, 1024])
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(1.0))
+        .unwrap();
+    ps.create_table(spec).await.unwrap();
+    assert_eq!(ps.pull_dense("big").await.unwrap(), vec![0.0; n]);
+
+    let grad = ramp(n);
+    let summary = ps.push_dense("big", &grad).await.unwrap();
+    assert_eq!(summary.applied_values, n as u64);
+    assert_eq!(summary.duplicates, 0);
+    let w = ps.pull_dense("big").await.unwrap();
+    // SGD with lr 1 from zeros: w = -g, bit for bit.
+    assert!(w.iter().zip(&grad).all(|(w, g)| *w == -g));
+
+    // Both shards hold part of it.
+    let stats = ps.stats().await.unwrap();
+    assert!(stats.iter().all(|s| s.tables[0].rows > 0), "{stats:?}");
+
+    // A chunk range reads the same values as the whole tensor.
+    let part = ps.pull_dense_chunks("big", 3..5).await.unwrap();
+    let c = 256 * 1024;
+    assert_eq!(part, w[3 * c..5 * c]);
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_round_trip_routes_and_combines_duplicates() {
+    let cluster = TestCluster::start(3).await;
+    let ps = cluster.client().await;
+    let spec = TableSpec::sparse("emb", 4)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(0.5))
+        .unwrap()
+        .with_initializer(Initializer::uniform(-1.0, 1.0, 11))
+        .unwrap();
+    ps.create_table(spec).await.unwrap();
+
+    let ids: Vec<u64> = (0..500).map(|i| i * 7919).collect();
+    let before = ps.pull_sparse("emb", &ids).await.unwrap();
+    // Seeded initializer: values in range, not all equal, the same on a second read.
+    assert!(before.iter().all(|v| (-1.0..1.0).contains(v)));
+    assert_ne!(before[0], before[4]);
+    assert_eq!(ps.pull_sparse("emb", &ids).await.unwrap(), before);
+
+    // Every id once with gradient 1, and id[0] twice more with 2: combined to 5 for it.
+    let mut push_ids = ids.clone();
+    push_ids.extend([ids[0], ids[0]]);
+    let mut grads = vec![1.0; ids.len() * 4];
+    grads.extend([2.0; 8]);
+    let summary = ps.push_sparse("emb", &push_ids, &grads).await.unwrap();
+    assert_eq!(summary.applied_values, ids.len() as u64 * 4);
+
+    let after = ps.pull_sparse("emb", &ids).await.unwrap();
+    for (i, (a, b)) in after.iter().zip(&before).enumerate() {
+        let g = if i < 4 { 5.0 } else { 1.0 };
+        assert!((a - (b - 0.5 * g)).abs() < 1e-6, "value {i}: {a} vs {b}");
+    }
+    // Rows spread over all three shards.
+    let stats = ps.stats().await.unwrap();
+    let rows: Vec<u64> = stats.iter().map(|s| s.tables[0].rows).collect();
+    assert_eq!(rows.iter().sum::<u64>(), 500);
+    assert!(rows.iter().all(|&r| r > 100), "{rows:?}");
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_clients_are_all_applied_exactly_once() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    ps.create_table(
+        TableSpec::sparse("counts", 1)
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(1.0))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let ids: Vec<u64> = (0..64).collect();
+    let mut tasks = Vec::new();
+    for c in 0..4u64 {
+        let endpoints = cluster.endpoints.clone();
+        let ids = ids.clone();
+        tasks.push(tokio::spawn(async move {
+            let ps = PsClient::connect(ClientConfig::new(endpoints))
+                .await
+                .unwrap();
+            let mut rng = rand::rngs::StdRng::seed_from_u64(c);
+            for _ in 0..50 {
+                let k = rng.random_range(1..ids.len());
+                ps.push_sparse("counts", &ids[..k], &vec![-1.0; k])
+                    .await
+                    .unwrap();
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // Each id counts how many pushes included it; recompute the expected counts.
+    let mut expected = vec![0.0f32; ids.len()];
+    for c in 0..4u64 {
+        let mut rng = rand::rngs::StdRng::seed_from_u64(c);
+        for _ in 0..50 {
+            let k = rng.random_range(1..ids.len());
+            for e in &mut expected[..k] {
+                *e += 1.0;
+            }
+        }
+    }
+    assert_eq!(ps.pull_sparse("counts", &ids).await.unwrap(), expected);
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_shard_list_is_refused_with_the_reason() {
+    let cluster = TestCluster::start(2).await;
+    let swapped = vec![cluster.endpoints[1].clone(), cluster.endpoints[0].clone()];
+    let e = PsClient::connect(ClientConfig::new(swapped))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, ClientError::Topology(ref m) if m.contains("is shard 1 of 2")),
+        "{e}"
+    );
+    let e = PsClient::connect(ClientConfig::new(vec![cluster.endpoints[0].clone()]))
+        .await
+        .unwrap_err();
+    assert!(matches!(e, ClientError::Topology(_)), "{e}");
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_are_created_idempotently_listed_and_dropped() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    let spec = TableSpec::dense("w", &[10, 10])
+        .unwrap()
+        .with_optimizer(Optimizer::adam(0.01))
+        .unwrap();
+    let stored = ps.create_table(spec.clone()).await.unwrap();
+    assert_eq!(stored, spec);
+    // The same spec again is fine.
+    ps.create_table(spec.clone()).await.unwrap();
+    // A different one under the same name is not.
+    let other = spec.clone().with_optimizer(Optimizer::sgd(0.1)).unwrap();
+    let e = ps.create_table(other).await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::AlreadyExists), "{e}");
+    assert!(e.to_string().contains("different spec"), "{e}");
+
+    assert_eq!(ps.list_tables().await.unwrap(), vec![spec]);
+    ps.drop_table("w").await.unwrap();
+    assert!(ps.list_tables().await.unwrap().is_empty());
+    let e = ps.pull_dense("w").await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::NotFound), "{e}");
+    cluster.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_writes_a_verifiable_manifest_on_every_shard() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    ps.create_table(
+        TableSpec::dense("w", &[1000])
+            .unwrap()
+            .with_chunk_elems(100)
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    ps.push_dense("w", &ramp(1000)).await.unwrap();
+    let cps = ps.checkpoint("first").await.unwrap();
+    assert_eq!(cps.len(), 2);
+    for cp in &cps {
+        assert!(cp.files > 0 && cp.bytes > 0, "{cp:?}");
+        let manifest = ps_server::checkpoint::verify(std::path::Path::new(&cp.path)).unwrap();
+        assert_eq!(manifest.tables, vec!["w".to_owned()]);
+    }
+    // The same name twice is refused.
+    let e = ps.checkpoint("first").await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::AlreadyExists), "{e}");
+    // A corrupted file is caught by verification.
+    let dir = std::path::Path::new(&cps[0].path);
+    let manifest = ps_server::checkpoint::verify(dir).unwrap();
+    let victim = dir
+        .join("db")
+        .join(&manifest.files.iter().find(|f| f.bytes > 0).unwrap().name);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[0] ^= 0xff;
+    std::fs::remove_file(&victim).unwrap(); // a hard link: write a new file, not the shard's
+    std::fs::write(&victim, bytes).unwrap();
+    let e = ps_server::checkpoint::verify(dir).unwrap_err();
+    assert!(e.to_string().contains("does not match the manifest"), "{e}");
+    cluster.stop().await;
+}
