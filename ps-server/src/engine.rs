@@ -398,10 +398,10 @@ impl<S: Store> Engine<S> {
     pub fn close(self) {
         let writer = self.writer.lock().take();
         let _ = self.tx.blocking_send(Cmd::Stop);
-        if let Some(w) = writer {
-            if w.join().is_err() {
-                tracing::error!("the writer thread panicked");
-            }
+        if let Some(w) = writer
+            && w.join().is_err()
+        {
+            tracing::error!("the writer thread panicked");
         }
     }
 
@@ -482,17 +482,17 @@ impl<S: Store> Engine<S> {
         };
         req.check_dim(dim as usize)?;
         self.check_ids(&table, &req.ids)?;
-        if table.spec.non_finite == NonFinitePolicy::Reject {
-            if let Some(i) = req.values.first_non_finite() {
-                return Err(EngineError::InvalidArgument(format!(
-                    "row {} (id {}) holds a NaN or infinity at value {}; table `{}` rejects non-finite \
+        if table.spec.non_finite == NonFinitePolicy::Reject
+            && let Some(i) = req.values.first_non_finite()
+        {
+            return Err(EngineError::InvalidArgument(format!(
+                "row {} (id {}) holds a NaN or infinity at value {}; table `{}` rejects non-finite \
                      gradients (create it with non_finite = SKIP to drop such rows instead)",
-                    i / dim as usize,
-                    req.ids[i / dim as usize],
-                    i % dim as usize,
-                    req.table
-                )));
-            }
+                i / dim as usize,
+                req.ids[i / dim as usize],
+                i % dim as usize,
+                req.table
+            )));
         }
         self.push(Job::Sparse(table, req)).await
     }
@@ -579,16 +579,16 @@ impl<S: Store> Engine<S> {
                     shape.len()
                 )));
             }
-            if table.spec.non_finite == NonFinitePolicy::Reject {
-                if let Some(j) = s.values.first_non_finite() {
-                    return Err(EngineError::InvalidArgument(format!(
-                        "slices[{i}] holds a NaN or infinity at element {} of the tensor; table `{}` \
+            if table.spec.non_finite == NonFinitePolicy::Reject
+                && let Some(j) = s.values.first_non_finite()
+            {
+                return Err(EngineError::InvalidArgument(format!(
+                    "slices[{i}] holds a NaN or infinity at element {} of the tensor; table `{}` \
                          rejects non-finite gradients (create it with non_finite = SKIP to drop \
                          such chunks instead)",
-                        s.chunk * shape.chunk_elems + j as u64,
-                        table.spec.name
-                    )));
-                }
+                    s.chunk * shape.chunk_elems + j as u64,
+                    table.spec.name
+                )));
             }
         }
         Ok(())

@@ -44,6 +44,9 @@ pub enum StoreError {
     NotDurable,
 }
 
+/// Called for each key and value of a scan; an error stops the scan.
+pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
+
 /// An atomic group of writes.
 pub trait StoreBatch: Send {
     fn put(&mut self, cf: Cf, key: &[u8], value: &[u8]);
@@ -63,12 +66,7 @@ pub trait Store: Send + Sync + 'static {
     /// against a machine crash with the sync option).
     fn write(&self, batch: Self::Batch) -> Result<(), StoreError>;
     /// Calls `visit` for every key starting with `prefix`, in key order.
-    fn scan(
-        &self,
-        cf: Cf,
-        prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError>;
+    fn scan(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<(), StoreError>;
     /// Writes a consistent snapshot to `dir` (which must not exist); returns its sequence number.
     fn checkpoint(&self, dir: &Path) -> Result<u64, StoreError>;
     /// Estimated bytes of live data.
@@ -212,12 +210,7 @@ impl Store for RocksStore {
         self.db.write_opt(batch.batch, &wo).map_err(|e| self.err(e))
     }
 
-    fn scan(
-        &self,
-        cf: Cf,
-        prefix: &[u8],
-        visit: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    fn scan(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<(), StoreError> {
         let it = self.db.iterator_cf(
             self.cf(cf)?,
             rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
@@ -299,12 +292,7 @@ impl Store for MemoryStore {
         Ok(())
     }
 
-    fn scan(
-        &self,
-        _: Cf,
-        _: &[u8],
-        _: &mut dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError>,
-    ) -> Result<(), StoreError> {
+    fn scan(&self, _: Cf, _: &[u8], _: &mut Visitor<'_>) -> Result<(), StoreError> {
         Ok(())
     }
 

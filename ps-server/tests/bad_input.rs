@@ -587,9 +587,7 @@ async fn every_optimizer_runs_end_to_end_and_survives_a_restart() {
             let spec = pb::TableSpec {
                 name: (*name).into(),
                 kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec { dim: 1 })),
-                optimizer: Some(pb::Optimizer {
-                    kind: Some(kind.clone()),
-                }),
+                optimizer: Some(pb::Optimizer { kind: Some(*kind) }),
                 initializer: Some(pb::Initializer {
                     kind: Some(pb::initializer::Kind::Uniform(pb::Uniform {
                         low: init,

@@ -111,31 +111,43 @@ async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
 
     // Now kill it while pushes are in flight: the client retries each under its own sequence
     // number through the restart, and in the end every push is applied exactly once.
+    const TOTAL: usize = 400;
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let pusher = {
-        let ps = ps2.clone();
-        let ids = ids.clone();
+        let (ps, ids, acked) = (ps2.clone(), ids.clone(), acked.clone());
         tokio::spawn(async move {
             let mut duplicates = 0;
-            for _ in 0..200 {
+            for _ in 0..TOTAL {
                 duplicates += ps
                     .push_sparse("counts", &ids, &vec![-1.0; ids.len()])
                     .await
                     .unwrap()
                     .duplicates;
+                acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
             duplicates
         })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    while acked.load(std::sync::atomic::Ordering::SeqCst) < 20 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     server.child.kill().unwrap();
     server.child.wait().unwrap();
+    let acked_at_kill = acked.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        acked_at_kill < TOTAL,
+        "the kill must land while pushes remain"
+    );
     let mut server = spawn(dir.path(), &format!("127.0.0.1:{port}"), &[]);
     let duplicates = pusher.await.unwrap();
+    let expected = (30 + TOTAL) as f32;
     assert_eq!(
         ps2.pull_sparse("counts", &ids).await.unwrap(),
-        vec![230.0; ids.len()]
+        vec![expected; ids.len()]
     );
-    eprintln!("retried pushes recognised as already applied: {duplicates}");
+    eprintln!(
+        "killed after {acked_at_kill} of {TOTAL} pushes; retries recognised as applied: {duplicates}"
+    );
     server.child.kill().unwrap();
     server.child.wait().unwrap();
 }
@@ -229,4 +241,75 @@ async fn a_data_dir_refuses_the_wrong_shard_identity() {
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("belongs to shard 0 of 2"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
+    use ps_proto::v1 as pb;
+    use ps_proto::v1::parameter_server_client::ParameterServerClient;
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = spawn(dir.path(), "127.0.0.1:0", &[]);
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    ps.create_table(
+        TableSpec::sparse("t", 2)
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(1.0))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let push = pb::PushSparseRequest {
+        table: "t".into(),
+        push_id: Some(pb::PushId {
+            client_id: 99,
+            seq: 1234,
+            min_unacked_seq: 1234,
+        }),
+        map_epoch: 0,
+        ids: vec![1, 1, 2],
+        values: Some(pb::Payload {
+            encoding: pb::Encoding::F32 as i32,
+            num_values: 6,
+            data: [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>()
+                .into(),
+        }),
+    };
+    let mut raw = ParameterServerClient::connect(server.addr.clone())
+        .await
+        .unwrap();
+    assert!(
+        !raw.push_sparse(push.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .duplicate
+    );
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+
+    let port = server.addr.rsplit(':').next().unwrap().to_owned();
+    let mut server = spawn(dir.path(), &format!("127.0.0.1:{port}"), &[]);
+    let mut raw = ParameterServerClient::connect(server.addr.clone())
+        .await
+        .unwrap();
+    let again = raw.push_sparse(push).await.unwrap().into_inner();
+    assert!(
+        again.duplicate,
+        "the restarted shard must recognise the retry"
+    );
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    // Id 1 appeared twice in the push: combined to (4, 6), applied once; id 2 got (5, 6).
+    assert_eq!(
+        ps.pull_sparse("t", &[1, 2]).await.unwrap(),
+        [-4.0, -6.0, -5.0, -6.0]
+    );
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
 }

@@ -6,8 +6,8 @@
 //! ids are grouped by owner; requests fan out concurrently and answers are reassembled in order.
 //!
 //! Every push carries this client's id and a fresh sequence number. A push that fails with
-//! `unavailable` (a shard restarting, a dropped connection) is retried with backoff under the
-//! *same* sequence number, so the shard applies it exactly once.
+//! `unavailable` or a transport error (a shard restarting, a dropped connection) is retried with
+//! backoff under the *same* sequence number, so the shard applies it exactly once.
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ps_client::ClientError> {
@@ -660,8 +660,28 @@ impl PsClient {
     }
 }
 
+/// Whether a call may succeed if sent again: the shard said `unavailable`, or the connection
+/// failed under the call (tonic reports that as `unknown` with a transport error as its source).
+/// Retrying a push is safe either way: it carries the same (client id, seq).
+fn is_transient(s: &tonic::Status) -> bool {
+    match s.code() {
+        tonic::Code::Unavailable => true,
+        tonic::Code::Unknown => {
+            let mut source = std::error::Error::source(s);
+            while let Some(e) = source {
+                if e.is::<tonic::transport::Error>() || e.to_string().contains("connection") {
+                    return true;
+                }
+                source = e.source();
+            }
+            s.message() == "transport error"
+        }
+        _ => false,
+    }
+}
+
 impl Inner {
-    /// Calls shard `shard`, retrying `unavailable` with exponential backoff.
+    /// Calls shard `shard`, retrying transient failures with exponential backoff.
     async fn call<T, F, Fut>(&self, shard: usize, mut f: F) -> Result<T, ClientError>
     where
         F: FnMut(ParameterServerClient<Channel>) -> Fut,
@@ -673,9 +693,7 @@ impl Inner {
         loop {
             match f(client.clone()).await {
                 Ok(r) => return Ok(r.into_inner()),
-                Err(s)
-                    if s.code() == tonic::Code::Unavailable && attempt < self.cfg.max_attempts =>
-                {
+                Err(s) if is_transient(&s) && attempt < self.cfg.max_attempts => {
                     tracing::debug!(shard, attempt, error = %s.message(), "shard unavailable; retrying");
                     // Full jitter keeps many clients from retrying in lock-step.
                     let wait = backoff.mul_f64(0.5 + rand::random::<f64>() * 0.5);

@@ -136,21 +136,20 @@ where
 /// tonic answers a request over the decoding limit with OUT_OF_RANGE; gRPC's convention (and what
 /// clients retry on) is RESOURCE_EXHAUSTED, with a message that says what to change.
 fn oversize_is_resource_exhausted(mut resp: http::Response<Body>) -> http::Response<Body> {
-    if let Some(status) = tonic::Status::from_header_map(resp.headers()) {
-        if status.code() == tonic::Code::OutOfRange
-            && status
+    if let Some(status) = tonic::Status::from_header_map(resp.headers())
+        && status.code() == tonic::Code::OutOfRange
+        && status
+            .message()
+            .starts_with("Error, decoded message length too large")
+    {
+        let better = tonic::Status::resource_exhausted(format!(
+            "request too large: {}; send smaller requests or raise the server's --max-request-bytes",
+            status
                 .message()
-                .starts_with("Error, decoded message length too large")
-        {
-            let better = tonic::Status::resource_exhausted(format!(
-                "request too large: {}; send smaller requests or raise the server's --max-request-bytes",
-                status
-                    .message()
-                    .trim_start_matches("Error, decoded message length too large: ")
-            ));
-            // Only fails for a message that cannot be a header value; ours always can.
-            let _ = better.add_header(resp.headers_mut());
-        }
+                .trim_start_matches("Error, decoded message length too large: ")
+        ));
+        // Only fails for a message that cannot be a header value; ours always can.
+        let _ = better.add_header(resp.headers_mut());
     }
     resp
 }

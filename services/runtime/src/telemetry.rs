@@ -15,10 +15,10 @@ pub struct TelemetryGuard {
 
 impl Drop for TelemetryGuard {
     fn drop(&mut self) {
-        if let Some(p) = self.provider.take() {
-            if let Err(e) = p.shutdown() {
-                eprintln!("flushing traces failed: {e}");
-            }
+        if let Some(p) = self.provider.take()
+            && let Err(e) = p.shutdown()
+        {
+            eprintln!("flushing traces failed: {e}");
         }
     }
 }
