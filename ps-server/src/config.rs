@@ -171,3 +171,67 @@ impl ServerConfig {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Args {
+        Args::parse_from(std::iter::once("ps-server").chain(extra.iter().copied()))
+    }
+
+    fn file(text: &str) -> (tempfile::TempDir, String) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("ps.toml");
+        std::fs::write(&path, text).unwrap();
+        let p = path.to_str().unwrap().to_owned();
+        (dir, p)
+    }
+
+    #[test]
+    fn flags_beat_the_file_which_beats_defaults() {
+        let (_d, path) = file(
+            "listen = \"127.0.0.1:9000\"\ndata_dir = \"/tmp/x\"\nnum_shards = 4\nshard_index = 3\n\
+             group_commit_bytes = 1024\n[rocksdb]\nwrite_buffer_mib = 32\n",
+        );
+        let cfg = ServerConfig::resolve(args(&[
+            "--config",
+            &path,
+            "--listen",
+            "127.0.0.1:9001",
+            "--sync",
+        ]))
+        .unwrap();
+        assert_eq!(cfg.listen.port(), 9001);
+        assert_eq!((cfg.shard_index, cfg.num_shards), (3, 4));
+        assert_eq!(cfg.group_commit_bytes, 1024);
+        assert_eq!(cfg.rocksdb.write_buffer_mib, 32);
+        assert!(cfg.rocksdb.sync);
+        assert_eq!(
+            cfg.data_dir.as_deref(),
+            Some(std::path::Path::new("/tmp/x"))
+        );
+        assert_eq!(cfg.max_request_bytes, 64 << 20);
+    }
+
+    #[test]
+    fn mistakes_are_explained() {
+        let (_d, path) = file("lisen = \"127.0.0.1:9000\"\n");
+        let e = ServerConfig::resolve(args(&["--config", &path])).unwrap_err();
+        assert!(format!("{e:#}").contains("unknown field `lisen`"), "{e:#}");
+        let e = ServerConfig::resolve(args(&[])).unwrap_err();
+        assert!(e.to_string().contains("--data-dir"), "{e}");
+        let e = ServerConfig::resolve(args(&[
+            "--data-dir",
+            "/tmp/x",
+            "--shard-index",
+            "2",
+            "--num-shards",
+            "2",
+        ]))
+        .unwrap_err();
+        assert!(e.to_string().contains("out of range"), "{e}");
+        let cfg = ServerConfig::resolve(args(&["--in-memory"])).unwrap();
+        assert!(cfg.data_dir.is_none());
+    }
+}

@@ -89,11 +89,12 @@ impl Cell {
         }
     }
 
-    fn encode_state(&self, n: usize) -> Vec<u8> {
-        let mut v = Vec::with_capacity(8 + (self.data.len() - n) * 4);
-        v.extend_from_slice(&self.step.to_le_bytes());
-        v.extend_from_slice(bytemuck::cast_slice(&self.data[n..]));
-        v
+    /// The stored form of the optimizer state: step count, then the state values.
+    fn encode_state<'a>(&self, n: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+        buf.clear();
+        buf.extend_from_slice(&self.step.to_le_bytes());
+        buf.extend_from_slice(bytemuck::cast_slice(&self.data[n..]));
+        buf
     }
 }
 
@@ -101,7 +102,7 @@ impl Cell {
 enum TableData {
     /// The chunks this shard owns.
     Dense(HashMap<u64, RwLock<Cell>>),
-    Sparse(DashMap<u64, Cell>),
+    Sparse(DashMap<u64, Cell, foldhash::fast::RandomState>),
 }
 
 #[derive(Debug, Default)]
@@ -230,9 +231,7 @@ fn read_f32s(bytes: &[u8], out: &mut [f32]) -> Result<(), StoreError> {
             out.len() * 4
         )));
     }
-    for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-        *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    }
+    ps_core::payload::read_f32_le(bytes, out);
     Ok(())
 }
 
@@ -807,7 +806,9 @@ impl<S: Store> Inner<S> {
                     })
                     .collect(),
             ),
-            TableKind::Sparse { .. } => TableData::Sparse(DashMap::new()),
+            TableKind::Sparse { .. } => {
+                TableData::Sparse(DashMap::with_hasher(foldhash::fast::RandomState::default()))
+            }
         };
         Table {
             id,
@@ -1017,6 +1018,7 @@ impl<S: Store> Inner<S> {
             return out; // checked before queueing
         };
         let mut grad = Vec::new();
+        let mut scratch = Vec::new();
         for slice in &push.slices {
             let mut offset = 0;
             let mut chunk = slice.chunk;
@@ -1027,14 +1029,17 @@ impl<S: Store> Inner<S> {
                 let part = slice.values.slice(offset, offset + n);
                 offset += n;
                 chunk += 1;
-                if part.first_non_finite().is_some() {
+                // Under REJECT the push was checked whole before it was queued.
+                if table.spec.non_finite == NonFinitePolicy::Skip
+                    && part.first_non_finite().is_some()
+                {
                     out.skipped_non_finite += 1;
                     continue;
                 }
                 grad.resize(n, 0.0);
                 part.decode_into(&mut grad);
                 let mut cell = cell.write();
-                self.update_cell(table, chunk - 1, &mut cell, &grad, batch);
+                self.update_cell(table, chunk - 1, &mut cell, &grad, batch, &mut scratch);
                 out.applied_values += n as u64;
             }
         }
@@ -1050,7 +1055,11 @@ impl<S: Store> Inner<S> {
         let values = push.values.to_vec();
         // Combine duplicate ids: each row is updated once with the sum of its gradients.
         let mut order: Vec<u64> = Vec::with_capacity(push.ids.len());
-        let mut sums: HashMap<u64, usize> = HashMap::with_capacity(push.ids.len());
+        let mut sums: HashMap<u64, usize, foldhash::fast::RandomState> =
+            HashMap::with_capacity_and_hasher(
+                push.ids.len(),
+                foldhash::fast::RandomState::default(),
+            );
         let mut combined: Vec<f32> = Vec::with_capacity(values.len());
         for (&id, g) in push.ids.iter().zip(values.chunks_exact(dim)) {
             match sums.get(&id) {
@@ -1066,15 +1075,16 @@ impl<S: Store> Inner<S> {
                 }
             }
         }
+        let mut scratch = Vec::new();
         for (&id, g) in order.iter().zip(combined.chunks_exact(dim)) {
-            if g.iter().any(|v| !v.is_finite()) {
+            if table.spec.non_finite == NonFinitePolicy::Skip && g.iter().any(|v| !v.is_finite()) {
                 out.skipped_non_finite += 1;
                 continue;
             }
             let mut cell = rows
                 .entry(id)
                 .or_insert_with(|| Cell::fresh(&table.spec, table.hash, id, dim));
-            self.update_cell(table, id, &mut cell, g, batch);
+            self.update_cell(table, id, &mut cell, g, batch, &mut scratch);
             out.applied_values += dim as u64;
         }
         out
@@ -1088,13 +1098,17 @@ impl<S: Store> Inner<S> {
         cell: &mut Cell,
         grad: &[f32],
         batch: &mut S::Batch,
+        scratch: &mut Vec<u8>,
     ) {
         let n = grad.len();
         let (w, state) = cell.data.split_at_mut(n);
         optim::apply(&table.spec.optimizer, w, state, &mut cell.step, grad);
         let key = table.key(index);
         batch.put(Cf::Params, &key, bytemuck::cast_slice(&cell.data[..n]));
-        batch.put(Cf::Optim, &key, &cell.encode_state(n));
+        // SGD keeps no state: one put per cell instead of two.
+        if table.spec.optimizer.state_slots() > 0 {
+            batch.put(Cf::Optim, &key, cell.encode_state(n, scratch));
+        }
     }
 
     fn run_admin(&self, cmd: Cmd) {

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use rocksdb::{ColumnFamilyDescriptor, DB, DBCompressionType, Options, WriteOptions};
+use rocksdb::{
+    ColumnFamilyDescriptor, DB, DBCompressionType, MemtableFactory, Options, WriteOptions,
+};
 
 /// The column families: parameters, optimizer state, and metadata (table specs, applied push
 /// ids, the shard's identity).
@@ -84,6 +86,10 @@ pub struct RocksOptions {
     pub max_write_buffers: i32,
     pub max_total_wal_mib: u64,
     pub background_jobs: i32,
+    /// WAL files kept for reuse: appending to a fresh file makes the kernel allocate and zero
+    /// page-cache pages (0.4-0.8 GB/s on the machines measured), overwriting a recycled file
+    /// does not (3-7 GB/s). 0 turns recycling off.
+    pub recycle_wal_files: usize,
 }
 
 impl Default for RocksOptions {
@@ -94,6 +100,7 @@ impl Default for RocksOptions {
             max_write_buffers: 4,
             max_total_wal_mib: 1024,
             background_jobs: 2,
+            recycle_wal_files: 4,
         }
     }
 }
@@ -126,12 +133,17 @@ impl RocksStore {
         db_opts.set_max_total_wal_size(opts.max_total_wal_mib << 20);
         db_opts.set_max_background_jobs(opts.background_jobs);
         db_opts.set_enable_pipelined_write(true);
+        db_opts.set_recycle_log_file_num(opts.recycle_wal_files);
         let cf_opts = |_: Cf| {
             let mut o = Options::default();
             // Float mantissas do not compress; spend no CPU trying.
             o.set_compression_type(DBCompressionType::None);
             o.set_write_buffer_size(opts.write_buffer_mib << 20);
             o.set_max_write_buffer_number(opts.max_write_buffers);
+            // The shard reads RocksDB only at start-up (the hot layer serves every read), so
+            // the memtable is an append-only vector, sorted when flushed, instead of a skip
+            // list whose random-key inserts dominated sparse pushes.
+            o.set_memtable_factory(MemtableFactory::Vector);
             o
         };
         let cfs = Cf::ALL.map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_opts(cf)));

@@ -35,6 +35,15 @@ struct Args {
     /// Skip the sparse cases.
     #[arg(long)]
     no_sparse: bool,
+    /// Only the sparse cases.
+    #[arg(long)]
+    only_sparse: bool,
+    /// Only this mode for the dense cases: durable or memory.
+    #[arg(long)]
+    mode: Option<String>,
+    /// The client's largest request, in KiB (smaller requests pipeline better).
+    #[arg(long, default_value_t = 1024)]
+    request_kib: usize,
 }
 
 fn memcpy_gbps() -> f64 {
@@ -79,6 +88,26 @@ fn tcp_gbps() -> f64 {
     drop(s);
     let got = reader.join().expect("reader");
     got as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+/// Appending to a new file (what a WAL does) through the page cache, no fsync: the bound on
+/// durable pushes, since every pushed byte is written to the WAL once.
+fn file_append_gbps() -> f64 {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("append");
+    let mut f = std::fs::File::create(&path).expect("create");
+    let block = vec![3u8; 1 << 20];
+    let total = 1usize << 30;
+    let t = Instant::now();
+    let mut written = 0;
+    while written < total {
+        f.write_all(&block).expect("write");
+        written += block.len();
+    }
+    let gbps = written as f64 / t.elapsed().as_secs_f64() / 1e9;
+    drop(f);
+    let _ = std::fs::remove_file(&path);
+    gbps
 }
 
 /// Shards running on their own runtime, as they would in their own processes.
@@ -130,20 +159,27 @@ impl Cluster {
     }
 }
 
+fn client_config(endpoints: &[String], request_kib: usize) -> ClientConfig {
+    let mut cfg = ClientConfig::new(endpoints.to_vec());
+    cfg.max_request_bytes = request_kib << 10;
+    cfg
+}
+
 async fn dense_case(
     endpoints: &[String],
     clients: usize,
     floats: usize,
     seconds: f64,
+    request_kib: usize,
 ) -> anyhow::Result<(f64, usize)> {
     let mut tasks = Vec::new();
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients));
     for c in 0..clients {
-        let endpoints = endpoints.to_vec();
+        let cfg = client_config(endpoints, request_kib);
         let start = start.clone();
         tasks.push(tokio::spawn(async move {
-            let ps = PsClient::connect(ClientConfig::new(endpoints)).await?;
-            let name = format!("bench/dense/{c}");
+            let ps = PsClient::connect(cfg).await?;
+            let name = format!("bench/dense/{floats}/{c}");
             ps.create_table(
                 TableSpec::dense(&name, &[floats as u64])?.with_optimizer(Optimizer::sgd(0.001))?,
             )
@@ -176,11 +212,15 @@ async fn dense_case(
     Ok((bytes / elapsed / 1e9, rounds))
 }
 
-async fn sparse_case(endpoints: &[String], seconds: f64) -> anyhow::Result<(f64, f64)> {
+async fn sparse_case(
+    endpoints: &[String],
+    seconds: f64,
+    request_kib: usize,
+) -> anyhow::Result<(f64, f64, f64)> {
     let dim = 64;
     let batch = 4096;
     let space = 1_000_000u64;
-    let ps = PsClient::connect(ClientConfig::new(endpoints.to_vec())).await?;
+    let ps = PsClient::connect(client_config(endpoints, request_kib)).await?;
     ps.create_table(
         TableSpec::sparse("bench/sparse", dim)?.with_optimizer(Optimizer::adagrad(0.05))?,
     )
@@ -215,9 +255,14 @@ async fn sparse_case(endpoints: &[String], seconds: f64) -> anyhow::Result<(f64,
         i += in_flight;
     }
     let secs = t.elapsed().as_secs_f64();
+    // Group commit at work: shard requests made durable per write.
+    let stats = ps.stats().await?;
+    let per_write = stats.iter().map(|s| s.pushes_applied).sum::<u64>() as f64
+        / stats.iter().map(|s| s.write_batches).sum::<u64>().max(1) as f64;
     Ok((
         (pushed * batch) as f64 / secs,
         pushed as f64 * unique / secs,
+        per_write,
     ))
 }
 
@@ -227,6 +272,8 @@ fn main() -> anyhow::Result<()> {
     let tcp = tcp_gbps();
     println!("{{\"case\":\"memcpy\",\"gbps\":{memcpy:.3}}}");
     println!("{{\"case\":\"loopback_tcp\",\"gbps\":{tcp:.3}}}");
+    let append = file_append_gbps();
+    println!("{{\"case\":\"file_append\",\"gbps\":{append:.3}}}");
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("client")
@@ -245,31 +292,54 @@ fn main() -> anyhow::Result<()> {
         args.seconds
     };
     let modes: &[(&str, bool, bool)] = &[("durable", true, false), ("memory", false, false)];
-    for &(shards, clients) in &[(1u32, 1usize), (2, 2)] {
+    let topologies: &[(u32, usize)] = if args.only_sparse {
+        &[]
+    } else {
+        &[(1, 1), (2, 2)]
+    };
+    for &(shards, clients) in topologies {
         for &(mode, durable, sync) in modes {
+            if args.mode.as_deref().is_some_and(|m| m != mode) {
+                continue;
+            }
             let cluster = Cluster::start(shards, durable, sync);
             for &floats in &sizes {
-                let (gbps, rounds) =
-                    client_rt.block_on(dense_case(&cluster.endpoints, clients, floats, seconds))?;
+                let (gbps, rounds) = client_rt.block_on(dense_case(
+                    &cluster.endpoints,
+                    clients,
+                    floats,
+                    seconds,
+                    args.request_kib,
+                ))?;
                 println!(
-                    "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{shards},\"clients\":{clients},\"mode\":\"{mode}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3}}}",
+                    "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{shards},\"clients\":{clients},\"mode\":\"{mode}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
                     gbps / tcp,
-                    gbps / memcpy
+                    gbps / memcpy,
+                    gbps / append
                 );
             }
             cluster.stop();
         }
     }
     // The cost of fsync per group commit, on the largest size.
-    let cluster = Cluster::start(1, true, true);
-    let floats = *sizes.iter().max().unwrap_or(&(1 << 20));
-    let (gbps, rounds) = client_rt.block_on(dense_case(&cluster.endpoints, 1, floats, seconds))?;
-    println!(
-        "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":1,\"clients\":1,\"mode\":\"durable+sync\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3}}}",
-        gbps / tcp,
-        gbps / memcpy
-    );
-    cluster.stop();
+    if !args.only_sparse && args.mode.as_deref().is_none_or(|m| m == "durable+sync") {
+        let cluster = Cluster::start(1, true, true);
+        let floats = *sizes.iter().max().unwrap_or(&(1 << 20));
+        let (gbps, rounds) = client_rt.block_on(dense_case(
+            &cluster.endpoints,
+            1,
+            floats,
+            seconds,
+            args.request_kib,
+        ))?;
+        println!(
+            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":1,\"clients\":1,\"mode\":\"durable+sync\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
+            gbps / tcp,
+            gbps / memcpy,
+            gbps / append
+        );
+        cluster.stop();
+    }
     if !args.no_sparse {
         for (mode, durable, sync) in [
             ("durable", true, false),
@@ -277,10 +347,13 @@ fn main() -> anyhow::Result<()> {
             ("memory", false, false),
         ] {
             let cluster = Cluster::start(1, durable, sync);
-            let (keys, unique) =
-                client_rt.block_on(sparse_case(&cluster.endpoints, seconds.max(2.0)))?;
+            let (keys, unique, per_write) = client_rt.block_on(sparse_case(
+                &cluster.endpoints,
+                seconds.max(2.0),
+                args.request_kib,
+            ))?;
             println!(
-                "{{\"case\":\"sparse_adagrad_dim64\",\"shards\":1,\"mode\":\"{mode}\",\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0}}}"
+                "{{\"case\":\"sparse_adagrad_dim64\",\"shards\":1,\"mode\":\"{mode}\",\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2}}}"
             );
             cluster.stop();
         }

@@ -161,6 +161,7 @@ impl PsClient {
                 .map_err(|e| ClientError::InvalidInput(format!("bad endpoint `{ep}`: {e}")))?
                 .initial_stream_window_size(STREAM_WINDOW)
                 .initial_connection_window_size(CONNECTION_WINDOW)
+                .max_frame_size(Some(1 << 20))
                 .tcp_nodelay(true)
                 .connect_timeout(cfg.connect_timeout);
             let endpoint = match cfg.request_timeout {

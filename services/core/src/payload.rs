@@ -47,6 +47,23 @@ impl From<Encoding> for pb::Encoding {
     }
 }
 
+/// Reads little-endian f32 values from `bytes` into `out` (as many as both hold), with one copy
+/// when the bytes are aligned and value by value when they are not (a slice of a receive
+/// buffer usually is not).
+pub fn read_f32_le(bytes: &[u8], out: &mut [f32]) {
+    match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+        Ok(v) => {
+            let n = v.len().min(out.len());
+            out[..n].copy_from_slice(&v[..n]);
+        }
+        Err(_) => {
+            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+    }
+}
+
 /// A payload whose data length matches its header and encoding.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Payload {
@@ -99,17 +116,7 @@ impl Payload {
     pub fn decode_into(&self, out: &mut [f32]) {
         debug_assert_eq!(out.len(), self.num_values);
         match self.encoding {
-            Encoding::F32 => {
-                match bytemuck::try_cast_slice::<u8, f32>(&self.data) {
-                    Ok(v) => out.copy_from_slice(v),
-                    // Unaligned data (a slice of a larger receive buffer): read value by value.
-                    Err(_) => {
-                        for (o, b) in out.iter_mut().zip(self.data.chunks_exact(4)) {
-                            *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-                        }
-                    }
-                }
-            }
+            Encoding::F32 => read_f32_le(&self.data, out),
         }
     }
 
@@ -134,15 +141,31 @@ impl Payload {
     /// Index of the first NaN or infinity, if any.
     pub fn first_non_finite(&self) -> Option<usize> {
         match self.encoding {
-            Encoding::F32 => self
-                .data
-                .chunks_exact(4)
-                // Exponent bits all ones: NaN or infinity.
-                .position(|b| {
-                    (u32::from_le_bytes([b[0], b[1], b[2], b[3]]) & 0x7f80_0000) == 0x7f80_0000
-                }),
+            Encoding::F32 => first_non_finite_f32_le(&self.data),
         }
     }
+}
+
+/// Index of the first NaN or infinity among little-endian f32 values. Each block is scanned
+/// with a branch-free fold (which vectorizes, aligned or not); only a block holding one is
+/// searched value by value.
+fn first_non_finite_f32_le(bytes: &[u8]) -> Option<usize> {
+    // Exponent bits all ones: NaN or infinity.
+    const EXP: u32 = 0x7f80_0000;
+    const BLOCK: usize = 4096;
+    let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    bytes.chunks(BLOCK).enumerate().find_map(|(i, block)| {
+        let any = block
+            .chunks_exact(4)
+            .fold(0u32, |acc, b| acc | u32::from(word(b) & EXP == EXP));
+        (any != 0).then(|| {
+            i * BLOCK / 4
+                + block
+                    .chunks_exact(4)
+                    .position(|b| word(b) & EXP == EXP)
+                    .unwrap_or(0)
+        })
+    })
 }
 
 impl TryFrom<pb::Payload> for Payload {
@@ -228,6 +251,20 @@ mod tests {
     #[test]
     fn finds_nan_and_inf() {
         assert_eq!(Payload::from_f32(&[1.0, 2.0]).first_non_finite(), None);
+        let mut long = vec![1.0f32; 5000];
+        long[4097] = f32::NAN;
+        assert_eq!(Payload::from_f32(&long).first_non_finite(), Some(4097));
+        // The same at an unaligned offset.
+        let p = Payload::from_f32(&long);
+        let mut buf = vec![0u8; 1];
+        buf.extend_from_slice(p.data());
+        let shifted = Payload::try_from(pb::Payload {
+            encoding: pb::Encoding::F32 as i32,
+            num_values: 5000,
+            data: Bytes::from(buf).slice(1..),
+        })
+        .unwrap();
+        assert_eq!(shifted.first_non_finite(), Some(4097));
         assert_eq!(
             Payload::from_f32(&[1.0, f32::NAN]).first_non_finite(),
             Some(1)
