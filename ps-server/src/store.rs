@@ -96,7 +96,7 @@ impl Default for RocksOptions {
     fn default() -> Self {
         Self {
             sync: false,
-            write_buffer_mib: 128,
+            write_buffer_mib: 32,
             max_write_buffers: 4,
             max_total_wal_mib: 1024,
             background_jobs: 2,
