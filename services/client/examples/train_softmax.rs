@@ -19,6 +19,8 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use ps_client::{ClientConfig, PsClient};
 use ps_core::{Optimizer, TableSpec};
+use rand::SeedableRng;
+use rand::seq::SliceRandom;
 
 #[derive(Parser)]
 struct Args {
@@ -28,12 +30,16 @@ struct Args {
     /// Directory of the Fashion-MNIST IDX files.
     #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
     data: PathBuf,
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     epochs: usize,
     #[arg(long, default_value_t = 100)]
     batch: usize,
-    #[arg(long, default_value_t = 0.5)]
+    /// Learning rate of the shard's momentum optimizer (momentum 0.9).
+    #[arg(long, default_value_t = 0.02)]
     lr: f32,
+    /// Seed of the per-epoch shuffle.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
 }
 
 const CLASSES: usize = 10;
@@ -193,7 +199,7 @@ async fn main() -> anyhow::Result<()> {
 
     let ps = PsClient::connect(ClientConfig::new(args.endpoints.clone())).await?;
     let spec = TableSpec::dense("softmax/w", &[(dim + 1) as u64, CLASSES as u64])?
-        .with_optimizer(Optimizer::sgd(args.lr))?;
+        .with_optimizer(Optimizer::momentum(args.lr, 0.9))?;
     ps.create_table(spec).await?;
     println!(
         "connected to {} shard(s) as client {:016x}",
@@ -203,19 +209,24 @@ async fn main() -> anyhow::Result<()> {
 
     let started = Instant::now();
     let steps = train.len() / args.batch;
+    let mut order: Vec<usize> = (0..train.len()).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(args.seed);
+    let (mut bx, mut by) = (
+        Vec::with_capacity(args.batch * dim),
+        Vec::with_capacity(args.batch),
+    );
     for epoch in 1..=args.epochs {
+        order.shuffle(&mut rng);
         let mut loss_sum = 0.0;
         for step in 0..steps {
-            // A deterministic shuffle: a stride co-prime with the number of batches.
-            let b = (step * 7 + epoch) % steps;
-            let rows = b * args.batch..(b + 1) * args.batch;
+            bx.clear();
+            by.clear();
+            for &i in &order[step * args.batch..(step + 1) * args.batch] {
+                bx.extend_from_slice(&train.x[i * dim..(i + 1) * dim]);
+                by.push(train.y[i]);
+            }
             let w = ps.pull_dense("softmax/w").await?;
-            let (loss, grad) = loss_and_grad(
-                &w,
-                &train.x[rows.start * dim..rows.end * dim],
-                &train.y[rows],
-                dim,
-            );
+            let (loss, grad) = loss_and_grad(&w, &bx, &by, dim);
             ps.push_dense("softmax/w", &grad).await?;
             loss_sum += loss;
         }
