@@ -790,7 +790,28 @@ impl<S: Store> Inner<S> {
             clients = dedup.clients.len(),
             "shard state loaded"
         );
+        drop(dedup);
+        self.hint_working_set();
         Ok(())
+    }
+
+    /// Bytes of dense cells (parameters and optimizer state) this shard holds.
+    fn hint_working_set(&self) {
+        let bytes: u64 = self
+            .tables
+            .read()
+            .values()
+            .filter_map(|t| match &t.data {
+                TableData::Dense(chunks) => Some(
+                    chunks
+                        .values()
+                        .map(|c| c.read().data.len() as u64 * 4)
+                        .sum::<u64>(),
+                ),
+                TableData::Sparse(_) => None,
+            })
+            .sum();
+        self.store.working_set_hint(bytes);
     }
 
     /// A table with every owned dense chunk at its initial value (sparse tables start empty).
@@ -1156,6 +1177,7 @@ impl<S: Store> Inner<S> {
         self.tables
             .write()
             .insert(spec.name.clone(), Arc::new(table));
+        self.hint_working_set();
         tracing::info!(table = %spec.name, id, "table created");
         Ok((spec, true))
     }
@@ -1172,6 +1194,7 @@ impl<S: Store> Inner<S> {
         self.write(batch).map_err(EngineError::Unavailable)?;
         table.dropped.store(true, Ordering::Release);
         self.tables.write().remove(name);
+        self.hint_working_set();
         tracing::info!(table = %name, "table dropped");
         Ok(())
     }

@@ -74,6 +74,10 @@ pub trait Store: Send + Sync + 'static {
     /// Estimated bytes of live data.
     fn live_bytes(&self) -> u64;
     fn durable(&self) -> bool;
+    /// Tells the store how many bytes of cells are rewritten by a typical round of pushes
+    /// (every dense chunk this shard holds), so that it can size its write buffers to hold a
+    /// few versions of them.
+    fn working_set_hint(&self, _bytes: u64) {}
 }
 
 /// RocksDB tunables, settable in the TOML config file.
@@ -110,6 +114,8 @@ pub struct RocksStore {
     db: Arc<DB>,
     path: PathBuf,
     sync: bool,
+    /// The configured write-buffer size: the floor of the adaptive one.
+    base_write_buffer: u64,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -152,6 +158,7 @@ impl RocksStore {
             db: Arc::new(db),
             path: path.to_owned(),
             sync: opts.sync,
+            base_write_buffer: (opts.write_buffer_mib as u64) << 20,
         })
     }
 
@@ -259,6 +266,23 @@ impl Store for RocksStore {
 
     fn durable(&self) -> bool {
         true
+    }
+
+    fn working_set_hint(&self, bytes: u64) {
+        // A memtable that holds two versions of every dense chunk flushes only the newest one;
+        // one smaller than a single push turns every push into a flush of the whole tensor.
+        let size = (bytes.saturating_mul(2))
+            .clamp(self.base_write_buffer, 1 << 30)
+            .to_string();
+        for cf in [Cf::Params, Cf::Optim] {
+            if let Some(h) = self.db.cf_handle(cf.name())
+                && let Err(e) = self
+                    .db
+                    .set_options_cf(h, &[("write_buffer_size", size.as_str())])
+            {
+                tracing::warn!(error = %e, "could not resize the write buffer");
+            }
+        }
     }
 }
 
