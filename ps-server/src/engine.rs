@@ -136,6 +136,18 @@ impl Table {
         k
     }
 
+    /// This table's counters on this shard.
+    pub fn stats(&self) -> TableStatsView {
+        TableStatsView {
+            name: self.spec.name.to_string(),
+            rows: self.rows(),
+            pushes: self.counters.pushes.load(Ordering::Relaxed),
+            pulls: self.counters.pulls.load(Ordering::Relaxed),
+            values_pushed: self.counters.values_pushed.load(Ordering::Relaxed),
+            values_pulled: self.counters.values_pulled.load(Ordering::Relaxed),
+        }
+    }
+
     /// Rows (sparse) or chunks (dense) stored on this shard.
     pub fn rows(&self) -> u64 {
         match &self.data {
@@ -680,14 +692,7 @@ impl<S: Store> Engine<S> {
             .tables
             .read()
             .values()
-            .map(|t| TableStatsView {
-                name: t.spec.name.to_string(),
-                rows: t.rows(),
-                pushes: t.counters.pushes.load(Ordering::Relaxed),
-                pulls: t.counters.pulls.load(Ordering::Relaxed),
-                values_pushed: t.counters.values_pushed.load(Ordering::Relaxed),
-                values_pulled: t.counters.values_pulled.load(Ordering::Relaxed),
-            })
+            .map(|t| t.stats())
             .collect();
         tables.sort_by(|a, b| a.name.cmp(&b.name));
         ShardStats {

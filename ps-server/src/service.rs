@@ -129,15 +129,9 @@ impl<S: Store> ParameterServer for PsService<S> {
         const M: &str = "DescribeTable";
         let name = TableName::try_from(req.into_inner().name).map_err(|e| refuse(M, e))?;
         let table = self.engine.table(&name).map_err(|e| refuse(M, e))?;
-        let stats = self
-            .engine
-            .stats()
-            .tables
-            .into_iter()
-            .find(|t| t.name == name.as_str());
         Ok(Response::new(pb::DescribeTableResponse {
             spec: Some(table.spec().into()),
-            stats: stats.map(table_stats),
+            stats: Some(table_stats(table.stats())),
         }))
     }
 

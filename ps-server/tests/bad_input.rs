@@ -402,6 +402,16 @@ async fn bad_requests_are_refused_and_change_nothing() {
         .into_inner();
     assert_eq!(stats.pushes_applied, 2);
     assert_eq!(stats.write_batches, stats_before.write_batches);
+    let described = c
+        .describe_table(pb::DescribeTableRequest { name: "d".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let d_stats = described.stats.unwrap();
+    assert_eq!(
+        (d_stats.pushes, d_stats.values_pushed),
+        (1, chunk_len as u64)
+    );
     let tables = c
         .list_tables(pb::ListTablesRequest {})
         .await
