@@ -1,7 +1,6 @@
 //! Bad input gets a specific status and a message a user can act on, and changes nothing.
 //! A real shard (RocksDB on disk, gRPC on 127.0.0.1) is called with raw wire messages.
 
-use bytes::Bytes;
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use ps_server::ServerConfig;
@@ -48,18 +47,11 @@ impl Shard {
 }
 
 fn f32s(v: &[f32]) -> pb::Payload {
-    pb::Payload {
-        encoding: pb::Encoding::F32 as i32,
-        num_values: v.len() as u64,
-        data: Bytes::copy_from_slice(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>()),
-    }
+    ps_core::Payload::from_f32(v).into()
 }
 
 fn decode(p: &pb::Payload) -> Vec<f32> {
-    p.data
-        .chunks_exact(4)
-        .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-        .collect()
+    ps_core::Payload::try_from(p.clone()).unwrap().to_vec()
 }
 
 fn dense_spec(name: &str, len: u64, chunk: u64, non_finite: pb::NonFinitePolicy) -> pb::TableSpec {

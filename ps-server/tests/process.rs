@@ -269,15 +269,7 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
         }),
         map_epoch: 0,
         ids: vec![1, 1, 2],
-        values: Some(pb::Payload {
-            encoding: pb::Encoding::F32 as i32,
-            num_values: 6,
-            data: [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0]
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>()
-                .into(),
-        }),
+        values: Some(ps_core::Payload::from_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).into()),
     };
     let mut raw = ParameterServerClient::connect(server.addr.clone())
         .await

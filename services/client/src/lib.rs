@@ -375,47 +375,44 @@ impl PsClient {
         grad: &[f32],
     ) -> Result<PushSummary, ClientError> {
         let (spec, shape) = self.dense_spec(name).await?;
-        let hash = spec.name.hash64();
-        let n = self.inner.shards.len();
-        let max_values = (self.inner.cfg.max_request_bytes / 4).max(1);
-        // Per shard: requests under construction, each a list of slices.
-        let mut per_shard: Vec<Vec<Vec<DenseSlice>>> = vec![Vec::new(); n];
-        let mut fill: Vec<usize> = vec![usize::MAX; n];
-        let mut offset = 0usize;
-        let mut chunk = first_chunk;
-        while offset < grad.len() {
-            let len = shape.chunk_len(chunk).ok_or_else(|| {
+        // The chunks the gradient covers; it must end on a chunk boundary.
+        let mut last = first_chunk;
+        let mut covered = 0usize;
+        while covered < grad.len() {
+            let len = shape.chunk_len(last).ok_or_else(|| {
                 ClientError::InvalidInput(format!(
-                    "chunk {chunk} is past the end of `{name}` ({} chunks)",
+                    "chunk {last} is past the end of `{name}` ({} chunks)",
                     shape.num_chunks()
                 ))
             })?;
-            let end = offset + len;
-            if end > grad.len() {
-                return Err(ClientError::InvalidInput(format!(
-                    "the gradient ends inside chunk {chunk}: push whole chunks of {} values",
-                    shape.chunk_elems
-                )));
-            }
-            let s = self.inner.partitioner.shard_for_chunk(hash, chunk) as usize;
-            if fill[s].saturating_add(len) > max_values {
-                per_shard[s].push(Vec::new());
-                fill[s] = 0;
-            }
-            if let Some(req) = per_shard[s].last_mut() {
-                req.push(DenseSlice {
-                    chunk,
-                    values: Payload::from_f32(&grad[offset..end]),
-                });
-            }
-            fill[s] += len;
-            offset = end;
-            chunk += 1;
+            covered += len;
+            last += 1;
         }
-        let requests = per_shard
+        if covered != grad.len() {
+            return Err(ClientError::InvalidInput(format!(
+                "the gradient ends inside chunk {}: push whole chunks of {} values",
+                last - 1,
+                shape.chunk_elems
+            )));
+        }
+        let base = first_chunk * shape.chunk_elems;
+        let requests = self
+            .plan_chunks(&spec, &shape, first_chunk..last)
             .into_iter()
-            .enumerate()
-            .flat_map(|(s, reqs)| reqs.into_iter().map(move |r| (s, r)));
+            .map(|(shard, chunks)| {
+                let slices: Vec<DenseSlice> = chunks
+                    .into_iter()
+                    .filter_map(|c| {
+                        let r = shape.chunk_range(c)?;
+                        let (start, end) = ((r.start - base) as usize, (r.end - base) as usize);
+                        Some(DenseSlice {
+                            chunk: c,
+                            values: Payload::from_f32(&grad[start..end]),
+                        })
+                    })
+                    .collect();
+                (shard, slices)
+            });
         let table = spec.name.to_string();
         let summaries = stream::iter(requests)
             .map(|(shard, slices)| {
@@ -441,6 +438,39 @@ impl PsClient {
         Ok(total)
     }
 
+    /// Groups `chunks` by owning shard into requests of at most `max_request_bytes` of values
+    /// each: (shard, chunks of one request).
+    fn plan_chunks(
+        &self,
+        spec: &TableSpec,
+        shape: &ps_core::DenseShape,
+        chunks: Range<u64>,
+    ) -> Vec<(usize, Vec<u64>)> {
+        let hash = spec.name.hash64();
+        let max_values = (self.inner.cfg.max_request_bytes / 4).max(1);
+        let n = self.inner.shards.len();
+        // Per shard: requests under construction, and the values in the last one.
+        let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); n];
+        let mut fill = vec![usize::MAX; n];
+        for c in chunks {
+            let len = shape.chunk_len(c).unwrap_or(0);
+            let s = self.inner.partitioner.shard_for_chunk(hash, c) as usize;
+            if fill[s].saturating_add(len) > max_values {
+                per_shard[s].push(Vec::new());
+                fill[s] = 0;
+            }
+            if let Some(r) = per_shard[s].last_mut() {
+                r.push(c);
+            }
+            fill[s] += len;
+        }
+        per_shard
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, reqs)| reqs.into_iter().map(move |r| (s, r)))
+            .collect()
+    }
+
     /// Pulls the whole dense tensor `name`.
     pub async fn pull_dense(&self, name: &str) -> Result<Vec<f32>, ClientError> {
         let (_, shape) = self.dense_spec(name).await?;
@@ -460,29 +490,9 @@ impl PsClient {
                 shape.num_chunks()
             )));
         }
-        let hash = spec.name.hash64();
         let base = chunks.start * shape.chunk_elems;
         let total: usize = chunks.clone().filter_map(|c| shape.chunk_len(c)).sum();
-        let max_values = (self.inner.cfg.max_request_bytes / 4).max(1);
-        let n = self.inner.shards.len();
-        let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); n];
-        let mut fill = vec![usize::MAX; n];
-        for c in chunks {
-            let len = shape.chunk_len(c).unwrap_or(0);
-            let s = self.inner.partitioner.shard_for_chunk(hash, c) as usize;
-            if fill[s].saturating_add(len) > max_values {
-                per_shard[s].push(Vec::new());
-                fill[s] = 0;
-            }
-            if let Some(r) = per_shard[s].last_mut() {
-                r.push(c);
-            }
-            fill[s] += len;
-        }
-        let requests = per_shard
-            .into_iter()
-            .enumerate()
-            .flat_map(|(s, reqs)| reqs.into_iter().map(move |r| (s, r)));
+        let requests = self.plan_chunks(&spec, &shape, chunks);
         let table = spec.name.to_string();
         let mut out = vec![0.0f32; total];
         let mut answers = stream::iter(requests)
