@@ -24,7 +24,11 @@ apt_install() {
 need=()
 command -v c++ >/dev/null 2>&1 || need+=(g++)
 command -v clang >/dev/null 2>&1 || need+=(clang)
-compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null || compgen -G "/usr/lib/*/libclang*.so*" >/dev/null || need+=(libclang-dev)
+# The bindings generator loads libclang.so or libclang-<version>.so: the unversioned names that
+# only libclang-dev installs (libclang-cpp.so.N and libclang.so.N do not count).
+compgen -G "/usr/lib/llvm-*/lib/libclang.so" >/dev/null || compgen -G "/usr/lib/llvm-*/lib/libclang-*.so" >/dev/null \
+  || compgen -G "/usr/lib/*/libclang.so" >/dev/null || compgen -G "/usr/lib/*/libclang-*.so" >/dev/null \
+  || need+=(libclang-dev)
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
 fi

@@ -67,6 +67,7 @@ pub struct FileConfig {
     pub virtual_nodes: Option<u32>,
     pub group_commit_bytes: Option<usize>,
     pub max_queued_bytes: Option<usize>,
+    pub pull_replica_bytes: Option<usize>,
     pub rocksdb: Option<RocksOptions>,
 }
 
@@ -83,6 +84,8 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     pub group_commit_bytes: usize,
     pub max_queued_bytes: usize,
+    /// Memory for the per-client replicas that delta pulls diff against.
+    pub pull_replica_bytes: usize,
     pub drain: Duration,
     pub grace: Duration,
     pub rocksdb: RocksOptions,
@@ -103,6 +106,7 @@ impl ServerConfig {
             max_request_bytes: 64 << 20,
             group_commit_bytes: 64 << 20,
             max_queued_bytes: 1 << 30,
+            pull_replica_bytes: 512 << 20,
             drain: Duration::ZERO,
             grace: Duration::from_secs(30),
             rocksdb: RocksOptions::default(),
@@ -137,6 +141,7 @@ impl ServerConfig {
                 .unwrap_or(d.max_request_bytes),
             group_commit_bytes: file.group_commit_bytes.unwrap_or(d.group_commit_bytes),
             max_queued_bytes: file.max_queued_bytes.unwrap_or(d.max_queued_bytes),
+            pull_replica_bytes: file.pull_replica_bytes.unwrap_or(d.pull_replica_bytes),
             drain: Duration::from_millis(args.drain_ms.or(file.drain_ms).unwrap_or(0)),
             grace: file.grace_ms.map_or(d.grace, Duration::from_millis),
             rocksdb,

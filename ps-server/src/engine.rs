@@ -68,6 +68,8 @@ pub struct EngineConfig {
     pub group_commit_bytes: usize,
     /// Most bytes of pushes queued for the writer; callers wait beyond it.
     pub max_queued_bytes: usize,
+    /// Most bytes of replicas kept for delta pulls; beyond it chunks are answered whole.
+    pub pull_replica_bytes: usize,
 }
 
 /// One chunk of a dense table or one row of a sparse table: parameters, then optimizer state.
@@ -235,6 +237,23 @@ fn le_u64(b: &[u8]) -> Result<u64, StoreError> {
         .map_err(|_| StoreError::Corrupt(format!("expected 8 bytes, found {}", b.len())))
 }
 
+/// Counts a received payload's bytes and decodes it to f32, checking every length, index,
+/// scale and lz4 frame: a payload that does not decode exactly is refused, nothing applied.
+fn decode_received(table: &Table, field: &str, p: &Payload) -> Result<Payload> {
+    m::wire_bytes(
+        "push",
+        table.spec.name.as_str(),
+        p.encoding(),
+        p.data().len(),
+    );
+    p.decoded().map_err(|e| {
+        EngineError::InvalidArgument(format!(
+            "{field}: the {} payload does not decode: {e}",
+            p.encoding()
+        ))
+    })
+}
+
 fn read_f32s(bytes: &[u8], out: &mut [f32]) -> Result<(), StoreError> {
     if bytes.len() != out.len() * 4 {
         return Err(StoreError::Corrupt(format!(
@@ -341,6 +360,24 @@ struct Inner<S: Store> {
     /// Set when a write failed: memory may be ahead of disk.
     failed: Mutex<Option<String>>,
     started: Instant,
+    /// What each client was sent of each chunk by delta pulls: (client, table id, chunk).
+    replicas: DashMap<(u64, u32, u64), Replica, foldhash::fast::RandomState>,
+    replica_bytes: AtomicU64,
+}
+
+/// A client's copy of one chunk, as delta pulls have built it.
+#[derive(Debug)]
+struct Replica {
+    version: u64,
+    values: Vec<f32>,
+}
+
+/// What a dense pull answers: a slice per chunk and, for a delta pull, per slice whether it is
+/// a change (or whole values) and the replica version it brings the client to.
+#[derive(Debug)]
+pub struct PulledDense {
+    pub slices: Vec<DenseSlice>,
+    pub delta: Vec<(bool, u64)>,
 }
 
 /// A shard's engine. Cloning is cheap; the writer stops when the last clone is dropped.
@@ -386,6 +423,8 @@ impl<S: Store> Engine<S> {
             counters: Counters::default(),
             failed: Mutex::new(None),
             started: Instant::now(),
+            replicas: DashMap::default(),
+            replica_bytes: AtomicU64::new(0),
             cfg,
         });
         inner.load()?;
@@ -465,7 +504,12 @@ impl<S: Store> Engine<S> {
     }
 
     pub async fn drop_table(&self, name: TableName) -> Result<()> {
-        self.submit(|r| Cmd::Drop(name, r)).await
+        let id = self.table(&name).map(|t| t.id).ok();
+        self.submit(|r| Cmd::Drop(name, r)).await?;
+        if let Some(id) = id {
+            self.drop_replicas(id);
+        }
+        Ok(())
     }
 
     /// Takes a checkpoint named `name` under the configured checkpoint directory.
@@ -474,15 +518,15 @@ impl<S: Store> Engine<S> {
     }
 
     /// Validates a dense push against its table and this shard, then has the writer apply it.
-    pub async fn push_dense(&self, req: PushDense) -> Result<PushOutcome> {
+    pub async fn push_dense(&self, mut req: PushDense) -> Result<PushOutcome> {
         let table = self.table(&req.table)?;
         self.check_epoch(req.map_epoch)?;
-        self.check_dense_slices(&table, &req.slices)?;
+        self.check_dense_slices(&table, &mut req.slices)?;
         self.push(Job::Dense(table, req)).await
     }
 
     /// Validates a sparse push against its table and this shard, then has the writer apply it.
-    pub async fn push_sparse(&self, req: PushSparse) -> Result<PushOutcome> {
+    pub async fn push_sparse(&self, mut req: PushSparse) -> Result<PushOutcome> {
         let table = self.table(&req.table)?;
         self.check_epoch(req.map_epoch)?;
         let TableKind::Sparse { dim } = table.spec.kind else {
@@ -493,6 +537,7 @@ impl<S: Store> Engine<S> {
         };
         req.check_dim(dim as usize)?;
         self.check_ids(&table, &req.ids)?;
+        req.values = decode_received(&table, "values", &req.values)?;
         if table.spec.non_finite == NonFinitePolicy::Reject
             && let Some(i) = req.values.first_non_finite()
         {
@@ -554,7 +599,9 @@ impl<S: Store> Engine<S> {
         Ok(())
     }
 
-    fn check_dense_slices(&self, table: &Table, slices: &[DenseSlice]) -> Result<()> {
+    /// Checks every slice against the table's chunks and this shard, and decodes it (a slice
+    /// that does not decode exactly refuses the whole push).
+    fn check_dense_slices(&self, table: &Table, slices: &mut [DenseSlice]) -> Result<()> {
         let TableKind::Dense(shape) = &table.spec.kind else {
             return Err(EngineError::FailedPrecondition(format!(
                 "table `{}` is sparse; use PushSparse",
@@ -567,7 +614,7 @@ impl<S: Store> Engine<S> {
             ));
         }
         let mut seen = HashSet::new();
-        for (i, s) in slices.iter().enumerate() {
+        for (i, s) in slices.iter_mut().enumerate() {
             let mut chunk = s.chunk;
             let mut covered = 0usize;
             while covered < s.values.len() {
@@ -590,6 +637,7 @@ impl<S: Store> Engine<S> {
                     shape.len()
                 )));
             }
+            s.values = decode_received(table, &format!("slices[{i}].values"), &s.values)?;
             if table.spec.non_finite == NonFinitePolicy::Reject
                 && let Some(j) = s.values.first_non_finite()
             {
@@ -622,8 +670,10 @@ impl<S: Store> Engine<S> {
         Ok(len)
     }
 
-    /// Reads chunks of a dense table, one slice per chunk in request order.
-    pub fn pull_dense(&self, req: &PullDense) -> Result<Vec<DenseSlice>> {
+    /// Reads chunks of a dense table, one slice per chunk in request order: their values in
+    /// the accepted encoding, or with a delta pull the top-k of each chunk's change since the
+    /// client's replica.
+    pub fn pull_dense(&self, req: &PullDense) -> Result<PulledDense> {
         let table = self.table(&req.table)?;
         self.check_epoch(req.map_epoch)?;
         let (TableKind::Dense(shape), TableData::Dense(chunks)) = (&table.spec.kind, &table.data)
@@ -633,17 +683,36 @@ impl<S: Store> Engine<S> {
                 req.table
             )));
         };
-        let mut out = Vec::with_capacity(req.chunks.len());
+        let mut out = PulledDense {
+            slices: Vec::with_capacity(req.chunks.len()),
+            delta: Vec::new(),
+        };
         let mut values = 0u64;
-        for &c in &req.chunks {
+        for (i, &c) in req.chunks.iter().enumerate() {
             let len = self.check_chunk(&table, shape, c)?;
             let cell = chunks
                 .get(&c)
                 .ok_or_else(|| EngineError::Unavailable(format!("chunk {c} is not loaded")))?
                 .read();
-            out.push(DenseSlice {
+            let current = &cell.data[..len];
+            let payload = match &req.delta {
+                None => Payload::encode_plain(current, req.accept),
+                Some(d) => {
+                    let (payload, is_delta, version) =
+                        self.delta_chunk(&table, c, current, d.client_id, d.ratio, d.versions[i]);
+                    out.delta.push((is_delta, version));
+                    payload
+                }
+            };
+            m::wire_bytes(
+                "pull",
+                table.spec.name.as_str(),
+                payload.encoding(),
+                payload.data().len(),
+            );
+            out.slices.push(DenseSlice {
                 chunk: c,
-                values: Payload::from_f32(&cell.data[..len]),
+                values: payload,
             });
             values += len as u64;
         }
@@ -654,6 +723,81 @@ impl<S: Store> Engine<S> {
             .fetch_add(values, Ordering::Relaxed);
         m::pulled(table.spec.name.as_str(), "dense", values);
         Ok(out)
+    }
+
+    /// One chunk of a delta pull: the top `ratio` of `current - replica` when the client holds
+    /// the replica's version (the replica then takes exactly what the client will add), else
+    /// the whole chunk in f32 and a new version. Returns (payload, is_delta, version).
+    fn delta_chunk(
+        &self,
+        table: &Table,
+        chunk: u64,
+        current: &[f32],
+        client: u64,
+        ratio: f64,
+        held: u64,
+    ) -> (Payload, bool, u64) {
+        let key = (client, table.id, chunk);
+        if let Some(mut r) = self.inner.replicas.get_mut(&key)
+            && r.version == held
+            && r.values.len() == current.len()
+        {
+            let change: Vec<f32> = current.iter().zip(&r.values).map(|(w, v)| w - v).collect();
+            let mut enc = ps_codec::Encoder::new(
+                ps_codec::CompressOptions {
+                    codec: ps_codec::Codec::TopK {
+                        ratio,
+                        values: ps_codec::SparseValues::F16,
+                    },
+                    min_values: 0,
+                    lz4: ps_codec::Lz4Policy::default(),
+                },
+                0,
+            );
+            let e = enc.encode(&change);
+            // The replica moves by exactly what the client decodes and adds.
+            if e.decode_add(&mut r.values, 1.0).is_ok() {
+                r.version += 1;
+                return (Payload::from(e), true, r.version);
+            }
+        }
+        // Whole values, and a new replica if memory allows (else none: the next pull is whole).
+        // Random, so that a version from before a restart is never mistaken for a new one.
+        let version = rand::random::<u64>().max(1);
+        let bytes = (current.len() * 4) as u64;
+        let old = self.inner.replicas.remove(&key);
+        if let Some((_, r)) = &old {
+            self.inner
+                .replica_bytes
+                .fetch_sub((r.values.len() * 4) as u64, Ordering::Relaxed);
+        }
+        let used = self.inner.replica_bytes.load(Ordering::Relaxed);
+        if used + bytes <= self.inner.cfg.pull_replica_bytes as u64 {
+            self.inner.replica_bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.inner.replicas.insert(
+                key,
+                Replica {
+                    version,
+                    values: current.to_vec(),
+                },
+            );
+            (Payload::from_f32(current), false, version)
+        } else {
+            (Payload::from_f32(current), false, 0)
+        }
+    }
+
+    /// Forgets the delta-pull replicas of a dropped table.
+    fn drop_replicas(&self, table_id: u32) {
+        self.inner.replicas.retain(|k, r| {
+            let keep = k.1 != table_id;
+            if !keep {
+                self.inner
+                    .replica_bytes
+                    .fetch_sub((r.values.len() * 4) as u64, Ordering::Relaxed);
+            }
+            keep
+        });
     }
 
     /// Reads rows of a sparse table in request order; unseen rows read as their initializer.
@@ -682,7 +826,14 @@ impl<S: Store> Engine<S> {
             .values_pulled
             .fetch_add(buf.len() as u64, Ordering::Relaxed);
         m::pulled(table.spec.name.as_str(), "sparse", buf.len() as u64);
-        Ok(Payload::from_f32(&buf))
+        let payload = Payload::encode_plain(&buf, req.accept);
+        m::wire_bytes(
+            "pull",
+            table.spec.name.as_str(),
+            payload.encoding(),
+            payload.data().len(),
+        );
+        Ok(payload)
     }
 
     pub fn stats(&self) -> ShardStats {
@@ -1052,7 +1203,9 @@ impl<S: Store> Inner<S> {
                 let (Some(n), Some(cell)) = (shape.chunk_len(chunk), chunks.get(&chunk)) else {
                     break; // checked before queueing
                 };
-                let part = slice.values.slice(offset, offset + n);
+                let Some(part) = slice.values.slice(offset, offset + n) else {
+                    break; // decoded to f32 and checked before queueing
+                };
                 offset += n;
                 chunk += 1;
                 // Under REJECT the push was checked whole before it was queued.
@@ -1063,7 +1216,7 @@ impl<S: Store> Inner<S> {
                     continue;
                 }
                 grad.resize(n, 0.0);
-                part.decode_into(&mut grad);
+                ps_core::payload::read_f32_le(part.data(), &mut grad);
                 let mut cell = cell.write();
                 self.update_cell(table, chunk - 1, &mut cell, &grad, batch, &mut scratch);
                 out.applied_values += n as u64;
@@ -1078,7 +1231,9 @@ impl<S: Store> Inner<S> {
             return out; // checked before queueing
         };
         let dim = table.spec.row_dim();
-        let values = push.values.to_vec();
+        // Decoded to f32 and checked before queueing.
+        let mut values = vec![0.0f32; push.values.len()];
+        ps_core::payload::read_f32_le(push.values.data(), &mut values);
         // Combine duplicate ids: each row is updated once with the sum of its gradients.
         let mut order: Vec<u64> = Vec::with_capacity(push.ids.len());
         let mut sums: HashMap<u64, usize, foldhash::fast::RandomState> =

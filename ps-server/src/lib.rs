@@ -78,6 +78,7 @@ async fn serve<S: Store>(
         checkpoint_dir: cfg.data_dir.as_ref().map(|d| d.join("checkpoints")),
         group_commit_bytes: cfg.group_commit_bytes,
         max_queued_bytes: cfg.max_queued_bytes,
+        pull_replica_bytes: cfg.pull_replica_bytes,
     };
     let engine = tokio::task::spawn_blocking(move || Engine::open(store, engine_cfg)).await??;
     tracing::info!(

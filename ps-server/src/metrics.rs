@@ -18,6 +18,14 @@ pub fn describe() {
         "Rows or chunks skipped for NaN or infinity, by table."
     );
     describe_counter!("ps_pull_requests_total", "Pulls by table and kind.");
+    describe_counter!(
+        "ps_wire_bytes_total",
+        "Payload bytes received (push) and sent (pull), by table and encoding."
+    );
+    describe_counter!(
+        "ps_wire_payloads_total",
+        "Payloads received (push) and sent (pull), by table and encoding."
+    );
     describe_counter!("ps_pull_values_total", "Values served by pulls, by table.");
     describe_counter!(
         "ps_request_errors_total",
@@ -58,6 +66,16 @@ pub fn push_outcome(table: &str, kind: &'static str, r: &Result<PushOutcome, Eng
 pub fn pulled(table: &str, kind: &'static str, values: u64) {
     counter!("ps_pull_requests_total", "table" => table.to_owned(), "kind" => kind).increment(1);
     counter!("ps_pull_values_total", "table" => table.to_owned()).increment(values);
+}
+
+pub fn wire_bytes(direction: &'static str, table: &str, encoding: ps_core::Encoding, bytes: usize) {
+    let labels = [
+        ("direction", direction.to_owned()),
+        ("table", table.to_owned()),
+        ("encoding", encoding.name().to_owned()),
+    ];
+    counter!("ps_wire_bytes_total", &labels).increment(bytes as u64);
+    counter!("ps_wire_payloads_total", &labels).increment(1);
 }
 
 pub fn request_error(method: &'static str, code: tonic::Code) {

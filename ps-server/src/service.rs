@@ -184,9 +184,11 @@ impl<S: Store> ParameterServer for PsService<S> {
     ) -> Result<Response<pb::PullDenseResponse>, Status> {
         const M: &str = "PullDense";
         let req = PullDense::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
-        let slices = self.engine.pull_dense(&req).map_err(|e| refuse(M, e))?;
+        let pulled = self.engine.pull_dense(&req).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::PullDenseResponse {
-            slices: slices.into_iter().map(Into::into).collect(),
+            slices: pulled.slices.into_iter().map(Into::into).collect(),
+            is_delta: pulled.delta.iter().map(|d| d.0).collect(),
+            versions: pulled.delta.iter().map(|d| d.1).collect(),
         }))
     }
 

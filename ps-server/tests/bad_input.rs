@@ -51,7 +51,10 @@ fn f32s(v: &[f32]) -> pb::Payload {
 }
 
 fn decode(p: &pb::Payload) -> Vec<f32> {
-    ps_core::Payload::try_from(p.clone()).unwrap().to_vec()
+    ps_core::Payload::try_from(p.clone())
+        .unwrap()
+        .to_vec()
+        .unwrap()
 }
 
 fn dense_spec(name: &str, len: u64, chunk: u64, non_finite: pb::NonFinitePolicy) -> pb::TableSpec {
@@ -252,7 +255,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
     short.num_values += 1;
     expect(
         Code::InvalidArgument,
-        "header says",
+        "need 20 bytes",
         c.push_dense(dense_push("d", chunk, short)).await,
     )
     .await;

@@ -25,6 +25,7 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod compress;
 mod error;
 mod seq;
 
@@ -36,6 +37,7 @@ use std::time::Duration;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use parking_lot::RwLock;
+use ps_codec::{Encoded, RowErrorFeedback};
 use ps_core::request::DenseSlice;
 use ps_core::wire::{CONNECTION_WINDOW, STREAM_WINDOW};
 use ps_core::{Partitioner, Payload, TableKind, TableName, TableSpec};
@@ -43,7 +45,10 @@ use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use tonic::transport::{Channel, Endpoint};
 
+pub use compress::TableCodec;
+use compress::{Codecs, Sender};
 pub use error::ClientError;
+pub use ps_codec::{Codec, CompressOptions, Lz4Policy, SparseValues};
 use seq::SeqTracker;
 
 /// How to reach the cluster and how to behave when it misbehaves.
@@ -64,6 +69,8 @@ pub struct ClientConfig {
     pub connect_timeout: Duration,
     /// Deadline of each call; none when `None`.
     pub request_timeout: Option<Duration>,
+    /// How tables travel unless [`PsClient::set_table_codec`] says otherwise: the job's default.
+    pub codec: TableCodec,
 }
 
 impl ClientConfig {
@@ -82,6 +89,7 @@ impl ClientConfig {
             max_backoff: Duration::from_secs(2),
             connect_timeout: Duration::from_secs(5),
             request_timeout: None,
+            codec: TableCodec::default(),
         }
     }
 }
@@ -142,6 +150,7 @@ struct Inner {
     client_id: u64,
     seqs: SeqTracker,
     specs: RwLock<HashMap<TableName, TableSpec>>,
+    codecs: Codecs,
 }
 
 fn table_name(name: &str) -> Result<TableName, ClientError> {
@@ -155,6 +164,7 @@ impl PsClient {
         if cfg.endpoints.is_empty() {
             return Err(ClientError::InvalidInput("no shard endpoints given".into()));
         }
+        cfg.codec.check()?;
         let mut shards = Vec::new();
         for ep in &cfg.endpoints {
             let endpoint = Endpoint::from_shared(ep.clone())
@@ -183,6 +193,7 @@ impl PsClient {
             client_id,
             seqs: SeqTracker::default(),
             specs: RwLock::new(HashMap::new()),
+            codecs: Codecs::new(cfg.codec, client_id),
             cfg,
         };
         let n = this.shards.len();
@@ -244,6 +255,39 @@ impl PsClient {
 
     pub fn partitioner(&self) -> &Partitioner {
         &self.inner.partitioner
+    }
+
+    /// Sets how table `name` travels from now on: the codec of its pushes (with error feedback
+    /// kept by this client when the codec is lossy) and the encoding of its pulls. A residual
+    /// kept under the previous codec is dropped.
+    pub fn set_table_codec(&self, name: &str, codec: TableCodec) -> Result<(), ClientError> {
+        codec.check()?;
+        self.inner.codecs.set(table_name(name)?, codec);
+        Ok(())
+    }
+
+    /// How table `name` travels.
+    pub fn table_codec(&self, name: &str) -> Result<TableCodec, ClientError> {
+        Ok(self.inner.codecs.get(&table_name(name)?).0)
+    }
+
+    /// What this client still owes dense table `name`: the part of its gradients that a lossy
+    /// codec has not sent yet (error feedback adds it to the next push). Empty before the first
+    /// lossy push.
+    pub fn dense_residual(&self, name: &str) -> Result<Vec<f32>, ClientError> {
+        let (_, sender) = self.inner.codecs.get(&table_name(name)?);
+        Ok(sender.lock().dense.residual().to_vec())
+    }
+
+    /// What this client still owes row `id` of sparse table `name`, if anything.
+    pub fn row_residual(&self, name: &str, id: u64) -> Result<Option<Vec<f32>>, ClientError> {
+        let (_, sender) = self.inner.codecs.get(&table_name(name)?);
+        let guard = sender.lock();
+        Ok(guard
+            .rows
+            .as_ref()
+            .and_then(|r| r.residual(id))
+            .map(<[f32]>::to_vec))
     }
 
     /// Creates a table on every shard (idempotent: the same spec again is fine) and returns the
@@ -314,6 +358,7 @@ impl PsClient {
     pub async fn drop_table(&self, name: &str) -> Result<(), ClientError> {
         let name = table_name(name)?;
         self.inner.specs.write().remove(&name);
+        self.inner.codecs.forget(&name);
         let req = pb::DropTableRequest {
             name: name.to_string(),
         };
@@ -396,29 +441,70 @@ impl PsClient {
             )));
         }
         let base = first_chunk * shape.chunk_elems;
-        let requests = self
-            .plan_chunks(&spec, &shape, first_chunk..last)
-            .into_iter()
-            .map(|(shard, chunks)| {
-                let slices: Vec<DenseSlice> = chunks
-                    .into_iter()
-                    .filter_map(|c| {
-                        let r = shape.chunk_range(c)?;
-                        let (start, end) = ((r.start - base) as usize, (r.end - base) as usize);
-                        Some(DenseSlice {
-                            chunk: c,
-                            values: Payload::from_f32(&grad[start..end]),
-                        })
+        let (codec, sender) = self.inner.codecs.get(&spec.name);
+        let plan = self.plan_chunks(
+            &spec,
+            &shape,
+            first_chunk..last,
+            codec.push.codec.max_bytes_per_value(),
+        );
+        // Encode every slice under the table's lock (the residual is shared by this client's
+        // pushes to the table), then send without it.
+        let requests: Vec<(usize, Vec<EncodedSlice>)> = {
+            let mut guard = sender.lock();
+            let Sender { enc, dense, .. } = &mut *guard;
+            let lossy = !enc.options().codec.is_lossless();
+            if lossy {
+                dense
+                    .accumulate_at(shape.len() as usize, base as usize, grad)
+                    .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+            }
+            let mut requests = Vec::with_capacity(plan.len());
+            for (shard, chunks) in plan {
+                let mut slices = Vec::with_capacity(chunks.len());
+                for c in chunks {
+                    let Some(r) = shape.chunk_range(c) else {
+                        continue;
+                    };
+                    let abs = r.start as usize..r.end as usize;
+                    let e = if lossy {
+                        dense
+                            .take(enc, abs.clone())
+                            .map_err(|e| ClientError::InvalidInput(e.to_string()))?
+                    } else {
+                        let rel = abs.start - base as usize..abs.end - base as usize;
+                        enc.encode(&grad[rel])
+                    };
+                    slices.push((c, abs, e));
+                }
+                requests.push((shard, slices));
+            }
+            requests
+        };
+        let table = spec.name.to_string();
+        let codec_name = codec.push.codec.to_string();
+        // Owned wire requests: (index into `requests`, shard, slices).
+        let calls: Vec<(usize, usize, Vec<pb::DenseSlice>)> = requests
+            .iter()
+            .enumerate()
+            .map(|(i, (shard, slices))| {
+                let slices = slices
+                    .iter()
+                    .map(|(c, _, e)| {
+                        wire_metric("push", &table, &codec_name, e);
+                        pb::DenseSlice {
+                            chunk: *c,
+                            values: Some(Payload::from(e.clone()).into()),
+                        }
                     })
                     .collect();
-                (shard, slices)
-            });
-        let table = spec.name.to_string();
-        let summaries = stream::iter(requests)
-            .map(|(shard, slices)| {
+                (i, *shard, slices)
+            })
+            .collect();
+        let results = stream::iter(calls)
+            .map(|(i, shard, slices)| {
                 let table = table.clone();
-                let slices: Vec<pb::DenseSlice> = slices.into_iter().map(Into::into).collect();
-                self.inner.push(shard, move |mut c, push_id| {
+                let call = self.inner.push(shard, move |mut c, push_id| {
                     let req = pb::PushDenseRequest {
                         table: table.clone(),
                         push_id: Some(push_id),
@@ -426,28 +512,49 @@ impl PsClient {
                         slices: slices.clone(),
                     };
                     async move { c.push_dense(req).await }
-                })
+                });
+                async move { (i, call.await) }
             })
             .buffer_unordered(self.inner.cfg.max_in_flight)
-            .try_collect::<Vec<_>>()
-            .await?;
+            .collect::<Vec<_>>()
+            .await;
         let mut total = PushSummary::default();
-        for s in &summaries {
-            total.add(s);
+        let mut first_err = None;
+        for (i, r) in results {
+            match r {
+                Ok(s) => total.add(&s),
+                Err(e) => {
+                    if not_applied(&e) {
+                        // Give the refused part back to the residual: it was never applied.
+                        let mut guard = sender.lock();
+                        if guard.lossy() {
+                            for (_, range, sent) in &requests[i].1 {
+                                let _ = guard.dense.restore(range.clone(), sent);
+                            }
+                        }
+                    }
+                    first_err.get_or_insert(e);
+                }
+            }
         }
-        Ok(total)
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
     }
 
-    /// Groups `chunks` by owning shard into requests of at most `max_request_bytes` of values
-    /// each: (shard, chunks of one request).
+    /// Groups `chunks` by owning shard into requests of at most `max_request_bytes` each, for
+    /// values of at most `bytes_per_value` bytes: (shard, chunks of one request).
     fn plan_chunks(
         &self,
         spec: &TableSpec,
         shape: &ps_core::DenseShape,
         chunks: Range<u64>,
+        bytes_per_value: f64,
     ) -> Vec<(usize, Vec<u64>)> {
         let hash = spec.name.hash64();
-        let max_values = (self.inner.cfg.max_request_bytes / 4).max(1);
+        let max_values =
+            ((self.inner.cfg.max_request_bytes as f64 / bytes_per_value.max(0.01)) as usize).max(1);
         let n = self.inner.shards.len();
         // Per shard: requests under construction, and the values in the last one.
         let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); n];
@@ -492,7 +599,19 @@ impl PsClient {
         }
         let base = chunks.start * shape.chunk_elems;
         let total: usize = chunks.clone().filter_map(|c| shape.chunk_len(c)).sum();
-        let requests = self.plan_chunks(&spec, &shape, chunks);
+        let state = self.inner.codecs.state_of(&spec.name);
+        if let Some(ratio) = state.codec.pull_delta {
+            return self
+                .pull_dense_delta(&spec, &shape, chunks, ratio, &state.replica)
+                .await;
+        }
+        let accept = state.codec.pull;
+        let bytes_per_value = if accept == ps_core::Encoding::F32 {
+            4.0
+        } else {
+            2.0
+        };
+        let requests = self.plan_chunks(&spec, &shape, chunks, bytes_per_value);
         let table = spec.name.to_string();
         let mut out = vec![0.0f32; total];
         let mut answers = stream::iter(requests)
@@ -500,8 +619,9 @@ impl PsClient {
                 let req = pb::PullDenseRequest {
                     table: table.clone(),
                     chunks,
-                    accept: pb::Encoding::F32 as i32,
+                    accept: ps_core::payload::encoding_to_pb(accept) as i32,
                     map_epoch: 0,
+                    delta: None,
                 };
                 self.inner.call(shard, move |mut c| {
                     let req = req.clone();
@@ -522,10 +642,107 @@ impl PsClient {
                             slice.chunk
                         ))
                     })?;
-                slice.values.decode_into(dst);
+                slice
+                    .values
+                    .decode_into(dst)
+                    .map_err(|e| ClientError::Protocol(format!("chunk {}: {e}", slice.chunk)))?;
             }
         }
         Ok(out)
+    }
+
+    /// A dense pull as the top `ratio` of each chunk's change since this client's last pull,
+    /// applied to the client's replica of the table (one delta pull of a table at a time).
+    async fn pull_dense_delta(
+        &self,
+        spec: &TableSpec,
+        shape: &ps_core::DenseShape,
+        chunks: Range<u64>,
+        ratio: f64,
+        replica: &tokio::sync::Mutex<compress::DeltaReplica>,
+    ) -> Result<Vec<f32>, ClientError> {
+        let mut rep = replica.lock().await;
+        if rep.values.len() as u64 != shape.len() {
+            rep.values = vec![0.0; shape.len() as usize];
+            rep.versions.clear();
+        }
+        let range = (chunks.start * shape.chunk_elems) as usize
+            ..(chunks.start * shape.chunk_elems) as usize
+                + chunks
+                    .clone()
+                    .filter_map(|c| shape.chunk_len(c))
+                    .sum::<usize>();
+        // A chunk may come whole, in f32: plan for that.
+        let requests = self.plan_chunks(spec, shape, chunks, 4.0);
+        let table = spec.name.to_string();
+        let client_id = self.inner.client_id;
+        let answers = stream::iter(requests)
+            .map(|(shard, chunks)| {
+                let versions: Vec<u64> = chunks
+                    .iter()
+                    .map(|c| rep.versions.get(c).copied().unwrap_or(0))
+                    .collect();
+                let req = pb::PullDenseRequest {
+                    table: table.clone(),
+                    chunks,
+                    accept: pb::Encoding::F32 as i32,
+                    map_epoch: 0,
+                    delta: Some(pb::DeltaPull {
+                        client_id,
+                        ratio,
+                        versions,
+                    }),
+                };
+                let call = self.inner.call(shard, move |mut c| {
+                    let req = req.clone();
+                    async move { c.pull_dense(req).await }
+                });
+                async move { call.await.map(|r| (r, shard)) }
+            })
+            .buffer_unordered(self.inner.cfg.max_in_flight)
+            .collect::<Vec<_>>()
+            .await;
+        for answer in answers {
+            let (resp, _) = answer?;
+            if resp.is_delta.len() != resp.slices.len() || resp.versions.len() != resp.slices.len()
+            {
+                return Err(ClientError::Protocol(
+                    "a delta pull answered without a version per slice".into(),
+                ));
+            }
+            for ((slice, is_delta), version) in resp
+                .slices
+                .into_iter()
+                .zip(resp.is_delta)
+                .zip(resp.versions)
+            {
+                let slice = DenseSlice::try_from(slice)
+                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
+                let start = (slice.chunk * shape.chunk_elems) as usize;
+                let chunk = slice.chunk;
+                let bad =
+                    |e: ps_codec::CodecError| ClientError::Protocol(format!("chunk {chunk}: {e}"));
+                let dst = rep
+                    .values
+                    .get_mut(start..start + slice.values.len())
+                    .ok_or_else(|| {
+                        ClientError::Protocol(format!("chunk {chunk} answered out of range"))
+                    })?;
+                if is_delta {
+                    Encoded::from(slice.values)
+                        .decode_add(dst, 1.0)
+                        .map_err(bad)?;
+                } else {
+                    slice.values.decode_into(dst).map_err(bad)?;
+                }
+                if version == 0 {
+                    rep.versions.remove(&chunk);
+                } else {
+                    rep.versions.insert(chunk, version);
+                }
+            }
+        }
+        Ok(rep.values[range].to_vec())
     }
 
     /// Pushes gradients for rows `ids` of sparse table `name`: `grads` holds `ids.len() * dim`
@@ -545,15 +762,45 @@ impl PsClient {
                 grads.len()
             )));
         }
-        let groups = self.group_ids(&spec, ids, dim);
+        let (codec, sender) = self.inner.codecs.get(&spec.name);
+        let groups = self.group_ids(&spec, ids, dim, codec.push.codec.max_bytes_per_value());
+        // Encode every request under the table's lock, with per-row error feedback.
+        let requests: Vec<(usize, Vec<u64>, Encoded)> = {
+            let mut guard = sender.lock();
+            let Sender { enc, rows, .. } = &mut *guard;
+            let lossy = !enc.options().codec.is_lossless();
+            let rows = rows.get_or_insert_with(|| RowErrorFeedback::new(dim));
+            let mut out = Vec::with_capacity(groups.len());
+            for (shard, positions) in groups {
+                let ids: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();
+                let mut values = Vec::with_capacity(positions.len() * dim);
+                for &p in &positions {
+                    values.extend_from_slice(&grads[p * dim..(p + 1) * dim]);
+                }
+                let e = if lossy {
+                    rows.compress(enc, &ids, &values)
+                        .map_err(|e| ClientError::InvalidInput(e.to_string()))?
+                } else {
+                    enc.encode(&values)
+                };
+                out.push((shard, ids, e));
+            }
+            out
+        };
         let table = spec.name.to_string();
-        let requests = groups.into_iter().map(|(shard, positions)| {
-            let ids: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();
-            let values =
-                Payload::from_f32_parts(positions.iter().map(|&p| &grads[p * dim..(p + 1) * dim]));
+        let codec_name = codec.push.codec.to_string();
+        // Owned wire requests: (index into `requests`, shard, ids, values).
+        let calls: Vec<(usize, usize, Vec<u64>, pb::Payload)> = requests
+            .iter()
+            .enumerate()
+            .map(|(i, (shard, ids, e))| {
+                wire_metric("push", &table, &codec_name, e);
+                (i, *shard, ids.clone(), Payload::from(e.clone()).into())
+            })
+            .collect();
+        let results = stream::iter(calls.into_iter().map(|(i, shard, ids, values)| {
             let table = table.clone();
-            let values: pb::Payload = values.into();
-            self.inner.push(shard, move |mut c, push_id| {
+            let call = self.inner.push(shard, move |mut c, push_id| {
                 let req = pb::PushSparseRequest {
                     table: table.clone(),
                     push_id: Some(push_id),
@@ -562,30 +809,53 @@ impl PsClient {
                     values: Some(values.clone()),
                 };
                 async move { c.push_sparse(req).await }
-            })
-        });
-        let answers = stream::iter(requests)
-            .buffer_unordered(self.inner.cfg.max_in_flight)
-            .try_collect::<Vec<_>>()
-            .await?;
+            });
+            async move { (i, call.await) }
+        }))
+        .buffer_unordered(self.inner.cfg.max_in_flight)
+        .collect::<Vec<_>>()
+        .await;
         let mut total = PushSummary::default();
-        for a in &answers {
-            total.add(a);
+        let mut first_err = None;
+        for (i, r) in results {
+            match r {
+                Ok(a) => total.add(&a),
+                Err(e) => {
+                    if not_applied(&e) {
+                        let mut guard = sender.lock();
+                        let lossy = guard.lossy();
+                        if lossy && let Some(rows) = guard.rows.as_mut() {
+                            let (_, ids, sent) = &requests[i];
+                            let _ = rows.restore(ids, sent);
+                        }
+                    }
+                    first_err.get_or_insert(e);
+                }
+            }
         }
-        Ok(total)
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(total),
+        }
     }
 
     /// Pulls rows `ids` of sparse table `name`: `ids.len() * dim` values, row after row.
     pub async fn pull_sparse(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
         let (spec, dim) = self.sparse_dim(name).await?;
-        let groups = self.group_ids(&spec, ids, dim);
+        let accept = self.inner.codecs.get(&spec.name).0.pull;
+        let bytes_per_value = if accept == ps_core::Encoding::F32 {
+            4.0
+        } else {
+            2.0
+        };
+        let groups = self.group_ids(&spec, ids, dim, bytes_per_value);
         let table = spec.name.to_string();
         let mut out = vec![0.0f32; ids.len() * dim];
         let mut answers = stream::iter(groups.into_iter().map(|(shard, positions)| {
             let req = pb::PullSparseRequest {
                 table: table.clone(),
                 ids: positions.iter().map(|&p| ids[p]).collect(),
-                accept: pb::Encoding::F32 as i32,
+                accept: ps_core::payload::encoding_to_pb(accept) as i32,
                 map_epoch: 0,
             };
             let call = self.inner.call(shard, move |mut c| {
@@ -609,7 +879,9 @@ impl PsClient {
                     values.len()
                 )));
             }
-            let rows = values.to_vec();
+            let rows = values
+                .to_vec()
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
             for (&p, row) in positions.iter().zip(rows.chunks_exact(dim)) {
                 out[p * dim..(p + 1) * dim].copy_from_slice(row);
             }
@@ -618,10 +890,17 @@ impl PsClient {
     }
 
     /// Groups positions of `ids` by owning shard, in requests of bounded size.
-    fn group_ids(&self, spec: &TableSpec, ids: &[u64], dim: usize) -> Vec<(usize, Vec<usize>)> {
+    fn group_ids(
+        &self,
+        spec: &TableSpec,
+        ids: &[u64],
+        dim: usize,
+        bytes_per_value: f64,
+    ) -> Vec<(usize, Vec<usize>)> {
         let hash = spec.name.hash64();
         let n = self.inner.shards.len();
-        let per_request = (self.inner.cfg.max_request_bytes / (dim * 4 + 8)).max(1);
+        let row_bytes = dim as f64 * bytes_per_value.max(0.01) + 8.0;
+        let per_request = ((self.inner.cfg.max_request_bytes as f64 / row_bytes) as usize).max(1);
         let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (p, &id) in ids.iter().enumerate() {
             by_shard[self.inner.partitioner.shard_for_id(hash, id) as usize].push(p);
@@ -669,6 +948,33 @@ impl PsClient {
             .all(|mut c| async move { c.get_stats(pb::GetStatsRequest {}).await })
             .await
     }
+}
+
+/// Whether a failed push was certainly not applied: the shard refused it. (After a transport
+/// failure or a deadline it may have been.)
+fn not_applied(e: &ClientError) -> bool {
+    use tonic::Code;
+    match e {
+        ClientError::Status { code, .. } => !matches!(
+            code,
+            Code::Unavailable | Code::Unknown | Code::DeadlineExceeded | Code::Cancelled
+        ),
+        _ => true,
+    }
+}
+
+/// One encoded dense slice: its chunk, its range in the tensor, its payload.
+type EncodedSlice = (u64, Range<usize>, Encoded);
+
+/// Counts a payload this client sent, by table and codec.
+fn wire_metric(direction: &'static str, table: &str, codec: &str, e: &Encoded) {
+    let labels = [
+        ("direction", direction.to_owned()),
+        ("table", table.to_owned()),
+        ("codec", codec.to_owned()),
+    ];
+    metrics::counter!("ps_client_wire_bytes_total", &labels).increment(e.data.len() as u64);
+    metrics::counter!("ps_client_raw_bytes_total", &labels).increment(e.header.num_values * 4);
 }
 
 /// Whether a call may succeed if sent again: the shard said `unavailable`, or the connection

@@ -5,7 +5,8 @@
 //! is optional and no value is unchecked.
 //!
 //! - [`table`]: table specs, optimizers, initializers.
-//! - [`payload`]: encoded value vectors (f32 now; the codec library adds more).
+//! - [`payload`]: encoded value vectors, checked against their headers (the encodings are
+//!   `ps-codec`'s).
 //! - [`partition`]: the partitioner that clients and shards use identically.
 //! - [`request`]: validated push and pull requests.
 //! - [`hash`]: the stable hash functions the partitioner and initializers are built on.

@@ -1,85 +1,82 @@
-//! Payloads: a vector of values in some encoding, checked against its header.
+//! Payloads: a vector of values in some encoding, its header checked against its bytes.
+//!
+//! The encodings themselves live in `ps-codec`; this module converts them to and from the wire
+//! and keeps the invariant that a [`Payload`]'s header fits its data.
 
 use bytes::Bytes;
+pub use ps_codec::{CodecError, Compression, Encoded, Encoding, Header};
 use ps_proto::v1 as pb;
+
+pub use ps_codec::quant::read_f32_le;
 
 use crate::error::ValidationError;
 
-/// How the bytes of a payload encode its values.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Encoding {
-    /// Little-endian IEEE-754 binary32.
-    #[default]
-    F32,
-}
-
-impl Encoding {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "f32",
-        }
-    }
-
-    /// Bytes the data must hold for `num_values` values, or `None` when that overflows.
-    fn data_len(self, num_values: u64) -> Option<u64> {
-        match self {
-            Self::F32 => num_values.checked_mul(4),
-        }
-    }
-
-    /// The encoding a pull asks for; `UNSPECIFIED` means f32.
-    pub fn from_accept(v: i32) -> Result<Self, ValidationError> {
-        match pb::Encoding::try_from(v) {
-            Ok(pb::Encoding::Unspecified | pb::Encoding::F32) => Ok(Self::F32),
-            Err(_) => Err(ValidationError::new(
-                "accept",
-                format!("unknown encoding {v}"),
-            )),
-        }
+/// The wire form of an encoding.
+pub fn encoding_to_pb(e: Encoding) -> pb::Encoding {
+    match e {
+        Encoding::F32 => pb::Encoding::F32,
+        Encoding::F16 => pb::Encoding::F16,
+        Encoding::Bf16 => pb::Encoding::Bf16,
+        Encoding::Int8 => pb::Encoding::Int8,
+        Encoding::Sign => pb::Encoding::Sign,
+        Encoding::Qsgd => pb::Encoding::Qsgd,
+        Encoding::SparseF32 => pb::Encoding::SparseF32,
+        Encoding::SparseF16 => pb::Encoding::SparseF16,
     }
 }
 
-impl From<Encoding> for pb::Encoding {
-    fn from(e: Encoding) -> Self {
-        match e {
-            Encoding::F32 => pb::Encoding::F32,
-        }
-    }
-}
-
-/// Reads little-endian f32 values from `bytes` into `out` (as many as both hold), with one copy
-/// when the bytes are aligned and value by value when they are not (a slice of a receive
-/// buffer usually is not).
-pub fn read_f32_le(bytes: &[u8], out: &mut [f32]) {
-    match bytemuck::try_cast_slice::<u8, f32>(bytes) {
-        Ok(v) => {
-            let n = v.len().min(out.len());
-            out[..n].copy_from_slice(&v[..n]);
+fn encoding_from_pb(v: i32, field: &str) -> Result<Encoding, ValidationError> {
+    Ok(match pb::Encoding::try_from(v) {
+        Ok(pb::Encoding::F32) => Encoding::F32,
+        Ok(pb::Encoding::F16) => Encoding::F16,
+        Ok(pb::Encoding::Bf16) => Encoding::Bf16,
+        Ok(pb::Encoding::Int8) => Encoding::Int8,
+        Ok(pb::Encoding::Sign) => Encoding::Sign,
+        Ok(pb::Encoding::Qsgd) => Encoding::Qsgd,
+        Ok(pb::Encoding::SparseF32) => Encoding::SparseF32,
+        Ok(pb::Encoding::SparseF16) => Encoding::SparseF16,
+        Ok(pb::Encoding::Unspecified) => {
+            return Err(ValidationError::new(
+                field,
+                "the payload's encoding is not set",
+            ));
         }
         Err(_) => {
-            for (o, b) in out.iter_mut().zip(bytes.chunks_exact(4)) {
-                *o = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-            }
+            return Err(ValidationError::new(
+                field,
+                format!("unknown encoding {v}; this server knows 1 to 8 (f32 to sparse_f16)"),
+            ));
         }
+    })
+}
+
+/// The encoding a pull asks for its answer: f32 (also when unset), f16 or bf16.
+pub fn accept_from_pb(v: i32) -> Result<Encoding, ValidationError> {
+    if v == pb::Encoding::Unspecified as i32 {
+        return Ok(Encoding::F32);
+    }
+    let e = encoding_from_pb(v, "accept")?;
+    match e {
+        Encoding::F32 | Encoding::F16 | Encoding::Bf16 => Ok(e),
+        other => Err(ValidationError::new(
+            "accept",
+            format!("pulls are answered in f32, f16 or bf16, not {other}"),
+        )),
     }
 }
 
-/// A payload whose data length matches its header and encoding.
+/// A payload whose header has been checked against its data: the byte counts, block sizes,
+/// levels and entry counts are consistent. The values themselves are checked when decoded.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Payload {
-    encoding: Encoding,
-    num_values: usize,
+    header: Header,
     data: Bytes,
 }
 
 impl Payload {
     /// Encodes `values` as f32.
     pub fn from_f32(values: &[f32]) -> Self {
-        Self {
-            encoding: Encoding::F32,
-            num_values: values.len(),
-            data: Bytes::copy_from_slice(bytemuck::cast_slice(values)),
-        }
+        Self::from(Encoded::f32(values))
     }
 
     /// Encodes the concatenation of `parts` as f32, with one copy.
@@ -89,59 +86,122 @@ impl Payload {
             buf.extend_from_slice(bytemuck::cast_slice::<f32, u8>(p));
         }
         Self {
-            encoding: Encoding::F32,
-            num_values: buf.len() / 4,
+            header: Header::f32(buf.len() / 4),
             data: Bytes::from(buf),
         }
     }
 
-    pub fn encoding(&self) -> Encoding {
-        self.encoding
+    /// Encodes `values` as `encoding`, which must be f32, f16 or bf16 (the pull encodings).
+    pub fn encode_plain(values: &[f32], encoding: Encoding) -> Self {
+        let mut raw = Vec::with_capacity(values.len() * 4);
+        let encoding = match encoding {
+            Encoding::F16 => {
+                ps_codec::quant::encode_f16(values, &mut raw);
+                Encoding::F16
+            }
+            Encoding::Bf16 => {
+                ps_codec::quant::encode_bf16(values, &mut raw);
+                Encoding::Bf16
+            }
+            _ => return Self::from_f32(values),
+        };
+        Self {
+            header: Header {
+                encoding,
+                num_values: values.len() as u64,
+                raw_len: raw.len() as u64,
+                ..Header::default()
+            },
+            data: Bytes::from(raw),
+        }
     }
 
+    pub fn header(&self) -> &Header {
+        &self.header
+    }
+
+    pub fn encoding(&self) -> Encoding {
+        self.header.encoding
+    }
+
+    /// Values the payload stands for.
     pub fn len(&self) -> usize {
-        self.num_values
+        self.header.num_values as usize
     }
 
     pub fn is_empty(&self) -> bool {
-        self.num_values == 0
+        self.header.num_values == 0
     }
 
-    /// The encoded bytes.
+    /// The bytes as they travel.
     pub fn data(&self) -> &Bytes {
         &self.data
     }
 
-    /// Decodes the values into `out` (which must hold `len()` values).
-    pub fn decode_into(&self, out: &mut [f32]) {
-        debug_assert_eq!(out.len(), self.num_values);
-        match self.encoding {
-            Encoding::F32 => read_f32_le(&self.data, out),
-        }
+    /// True for uncompressed f32: the data are the values.
+    pub fn is_plain_f32(&self) -> bool {
+        self.header.encoding == Encoding::F32 && self.header.compression == Compression::None
+    }
+
+    /// Decodes the values into `out`, which must hold `len()` values, checking everything.
+    pub fn decode_into(&self, out: &mut [f32]) -> Result<(), CodecError> {
+        ps_codec::decode(&self.header, &self.data, out)
     }
 
     /// Decodes the values into a new vector.
-    pub fn to_vec(&self) -> Vec<f32> {
-        let mut v = vec![0.0; self.num_values];
-        self.decode_into(&mut v);
-        v
+    pub fn to_vec(&self) -> Result<Vec<f32>, CodecError> {
+        let mut v = vec![0.0; self.len()];
+        self.decode_into(&mut v)?;
+        Ok(v)
     }
 
-    /// The sub-range `start..end` of the values as its own payload, without copying.
-    pub fn slice(&self, start: usize, end: usize) -> Self {
-        match self.encoding {
-            Encoding::F32 => Self {
-                encoding: Encoding::F32,
-                num_values: end - start,
-                data: self.data.slice(start * 4..end * 4),
-            },
+    /// The same values as uncompressed f32 (no copy when they already are).
+    pub fn decoded(&self) -> Result<Self, CodecError> {
+        if self.is_plain_f32() {
+            return Ok(self.clone());
+        }
+        Ok(Self::from_f32(&self.to_vec()?))
+    }
+
+    /// The sub-range `start..end` of uncompressed f32 values as its own payload, without
+    /// copying; `None` for other encodings or a range outside the payload.
+    pub fn slice(&self, start: usize, end: usize) -> Option<Self> {
+        if !self.is_plain_f32() || start > end || end > self.len() {
+            return None;
+        }
+        Some(Self {
+            header: Header::f32(end - start),
+            data: self.data.slice(start * 4..end * 4),
+        })
+    }
+
+    /// Index of the first NaN or infinity, if any (decoding first unless plain f32; a payload
+    /// that does not decode reports none: decoding it is what fails).
+    pub fn first_non_finite(&self) -> Option<usize> {
+        if self.is_plain_f32() {
+            return first_non_finite_f32_le(&self.data);
+        }
+        let v = self.to_vec().ok()?;
+        v.iter().position(|x| !x.is_finite())
+    }
+}
+
+impl From<Encoded> for Payload {
+    /// Wraps what an encoder made; its header fits its data by construction.
+    fn from(e: Encoded) -> Self {
+        debug_assert!(e.header.check(e.data.len()).is_ok(), "{:?}", e.header);
+        Self {
+            header: e.header,
+            data: e.data,
         }
     }
+}
 
-    /// Index of the first NaN or infinity, if any.
-    pub fn first_non_finite(&self) -> Option<usize> {
-        match self.encoding {
-            Encoding::F32 => first_non_finite_f32_le(&self.data),
+impl From<Payload> for Encoded {
+    fn from(p: Payload) -> Self {
+        Encoded {
+            header: p.header,
+            data: p.data,
         }
     }
 }
@@ -172,37 +232,37 @@ impl TryFrom<pb::Payload> for Payload {
     type Error = ValidationError;
 
     fn try_from(p: pb::Payload) -> Result<Self, Self::Error> {
-        let encoding = match pb::Encoding::try_from(p.encoding) {
-            Ok(pb::Encoding::F32) => Encoding::F32,
-            Ok(pb::Encoding::Unspecified) => {
-                return Err(ValidationError::new(
-                    "encoding",
-                    "the payload's encoding is not set",
-                ));
-            }
+        let encoding = encoding_from_pb(p.encoding, "encoding")?;
+        let compression = match pb::Compression::try_from(p.compression) {
+            Ok(pb::Compression::None) => Compression::None,
+            Ok(pb::Compression::Lz4) => Compression::Lz4,
             Err(_) => {
                 return Err(ValidationError::new(
-                    "encoding",
-                    format!("unknown encoding {}; this server knows f32", p.encoding),
+                    "compression",
+                    format!(
+                        "unknown compression {}; this server knows none and lz4",
+                        p.compression
+                    ),
                 ));
             }
         };
-        let want = encoding.data_len(p.num_values);
-        if want != Some(p.data.len() as u64) {
-            return Err(ValidationError::new(
-                "data",
-                format!(
-                    "header says {} {} values ({} bytes) but the data holds {} bytes",
-                    p.num_values,
-                    encoding.name(),
-                    want.map_or_else(|| "too many".to_owned(), |w| w.to_string()),
-                    p.data.len()
-                ),
-            ));
+        if usize::try_from(p.num_values).is_err() {
+            return Err(ValidationError::new("num_values", "too many values"));
         }
-        Ok(Self {
+        let header = Header {
             encoding,
-            num_values: p.num_values as usize,
+            num_values: p.num_values,
+            block_size: p.block_size,
+            levels: p.levels,
+            num_entries: p.num_entries,
+            compression,
+            raw_len: p.raw_len,
+        };
+        header
+            .check(p.data.len())
+            .map_err(|e| ValidationError::new("data", e.to_string()))?;
+        Ok(Self {
+            header,
             data: p.data,
         })
     }
@@ -210,10 +270,23 @@ impl TryFrom<pb::Payload> for Payload {
 
 impl From<Payload> for pb::Payload {
     fn from(p: Payload) -> Self {
+        let h = p.header;
         pb::Payload {
-            encoding: pb::Encoding::from(p.encoding) as i32,
-            num_values: p.num_values as u64,
+            encoding: encoding_to_pb(h.encoding) as i32,
+            num_values: h.num_values,
             data: p.data,
+            block_size: h.block_size,
+            levels: h.levels,
+            num_entries: h.num_entries,
+            compression: match h.compression {
+                Compression::None => pb::Compression::None,
+                Compression::Lz4 => pb::Compression::Lz4,
+            } as i32,
+            raw_len: if h.compression == Compression::Lz4 {
+                h.raw_len
+            } else {
+                0
+            },
         }
     }
 }
@@ -229,23 +302,33 @@ mod tests {
             encoding: pb::Encoding::F32 as i32,
             num_values: 3,
             data: Bytes::from_static(&[0; 8]),
+            ..Default::default()
         })
         .unwrap_err();
-        assert!(e.reason.contains("header says 3"), "{e}");
+        assert!(e.reason.contains("3 f32 values need 12 bytes"), "{e}");
         let e = Payload::try_from(pb::Payload {
             encoding: 99,
-            num_values: 0,
-            data: Bytes::new(),
+            ..Default::default()
         })
         .unwrap_err();
         assert_eq!(e.field, "encoding");
         let e = Payload::try_from(pb::Payload {
             encoding: pb::Encoding::F32 as i32,
-            num_values: u64::MAX,
-            data: Bytes::new(),
+            num_values: u64::MAX / 2,
+            ..Default::default()
         })
         .unwrap_err();
         assert_eq!(e.field, "data");
+        let e = Payload::try_from(pb::Payload {
+            encoding: pb::Encoding::Int8 as i32,
+            num_values: 4,
+            data: Bytes::from_static(&[0; 8]),
+            ..Default::default()
+        })
+        .unwrap_err();
+        assert!(e.reason.contains("block_size 0"), "{e}");
+        assert!(accept_from_pb(pb::Encoding::Sign as i32).is_err());
+        assert_eq!(accept_from_pb(0).unwrap(), Encoding::F32);
     }
 
     #[test]
@@ -262,6 +345,7 @@ mod tests {
             encoding: pb::Encoding::F32 as i32,
             num_values: 5000,
             data: Bytes::from(buf).slice(1..),
+            ..Default::default()
         })
         .unwrap();
         assert_eq!(shifted.first_non_finite(), Some(4097));
@@ -284,7 +368,7 @@ mod tests {
             let mut buf = vec![0u8; skip];
             buf.extend_from_slice(&wire.data);
             let shifted = pb::Payload { data: Bytes::from(buf).slice(skip..), ..wire };
-            let back = Payload::try_from(shifted).unwrap().to_vec();
+            let back = Payload::try_from(shifted).unwrap().to_vec().unwrap();
             prop_assert_eq!(bytemuck::cast_slice::<f32, u32>(&back), bytemuck::cast_slice::<f32, u32>(&values));
         }
     }

@@ -4,7 +4,7 @@
 use ps_proto::v1 as pb;
 
 use crate::error::ValidationError;
-use crate::payload::{Encoding, Payload};
+use crate::payload::{Encoding, Payload, accept_from_pb};
 use crate::table::TableName;
 
 /// Identity of one push, for exactly-once application.
@@ -73,7 +73,7 @@ impl TryFrom<pb::DenseSlice> for DenseSlice {
         let values = s
             .values
             .ok_or_else(|| ValidationError::new("values", "a slice needs its values"))
-            .and_then(Payload::try_from)?;
+            .and_then(|v| Payload::try_from(v).map_err(|e| e.within("values")))?;
         Ok(Self {
             chunk: s.chunk,
             values,
@@ -123,17 +123,60 @@ pub struct PullDense {
     pub chunks: Vec<u64>,
     pub accept: Encoding,
     pub map_epoch: u64,
+    pub delta: Option<DeltaPull>,
+}
+
+/// A pull of the top-k of each chunk's change since the client's last pull.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeltaPull {
+    pub client_id: u64,
+    pub ratio: f64,
+    /// Per requested chunk: the replica version the client holds (0: none).
+    pub versions: Vec<u64>,
 }
 
 impl TryFrom<pb::PullDenseRequest> for PullDense {
     type Error = ValidationError;
 
     fn try_from(r: pb::PullDenseRequest) -> Result<Self, Self::Error> {
+        let delta = match r.delta {
+            None => None,
+            Some(d) => {
+                if d.client_id == 0 {
+                    return Err(ValidationError::new(
+                        "delta.client_id",
+                        "0 is reserved; use the client's id",
+                    ));
+                }
+                if !(d.ratio > 0.0 && d.ratio <= 1.0) {
+                    return Err(ValidationError::new(
+                        "delta.ratio",
+                        format!("{} is outside (0, 1]", d.ratio),
+                    ));
+                }
+                if d.versions.len() != r.chunks.len() {
+                    return Err(ValidationError::new(
+                        "delta.versions",
+                        format!(
+                            "{} versions for {} chunks: give one per chunk (0 for none)",
+                            d.versions.len(),
+                            r.chunks.len()
+                        ),
+                    ));
+                }
+                Some(DeltaPull {
+                    client_id: d.client_id,
+                    ratio: d.ratio,
+                    versions: d.versions,
+                })
+            }
+        };
         Ok(Self {
             table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
             chunks: r.chunks,
-            accept: Encoding::from_accept(r.accept)?,
+            accept: accept_from_pb(r.accept)?,
             map_epoch: r.map_epoch,
+            delta,
         })
     }
 }
@@ -173,7 +216,7 @@ impl TryFrom<pb::PushSparseRequest> for PushSparse {
         let values = r
             .values
             .ok_or_else(|| ValidationError::new("values", "a sparse push needs its rows"))
-            .and_then(Payload::try_from)?;
+            .and_then(|v| Payload::try_from(v).map_err(|e| e.within("values")))?;
         Ok(Self {
             table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
             push_id: PushId::try_from(r.push_id)?,
@@ -199,7 +242,7 @@ impl TryFrom<pb::PullSparseRequest> for PullSparse {
         Ok(Self {
             table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
             ids: r.ids,
-            accept: Encoding::from_accept(r.accept)?,
+            accept: accept_from_pb(r.accept)?,
             map_epoch: r.map_epoch,
         })
     }

@@ -1,0 +1,149 @@
+//! Per-table compression state of a client: the codec a table's pushes use, the encoding its
+//! pulls ask for, and the sender-side error feedback that lossy codecs need.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+use ps_codec::{CompressOptions, Encoder, ErrorFeedback, RowErrorFeedback};
+use ps_core::{Encoding, TableName};
+
+use crate::ClientError;
+
+/// How one table's values travel.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TableCodec {
+    /// Gradients pushed: the codec, the size below which values go as f32, lz4.
+    pub push: CompressOptions,
+    /// Values pulled: f32, f16 or bf16.
+    pub pull: Encoding,
+    /// Dense pulls as the top `ratio` of each chunk's change since this client's last pull
+    /// (the shard keeps a replica per client; the rest of the change comes in later pulls).
+    pub pull_delta: Option<f64>,
+}
+
+impl Default for TableCodec {
+    fn default() -> Self {
+        Self {
+            push: CompressOptions::default(),
+            pull: Encoding::F32,
+            pull_delta: None,
+        }
+    }
+}
+
+impl TableCodec {
+    pub(crate) fn check(&self) -> Result<(), ClientError> {
+        self.push
+            .codec
+            .validate()
+            .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+        if let Some(r) = self.pull_delta
+            && !(r > 0.0 && r <= 1.0)
+        {
+            return Err(ClientError::InvalidInput(format!(
+                "pull_delta ratio {r} is outside (0, 1]"
+            )));
+        }
+        if !matches!(self.pull, Encoding::F32 | Encoding::F16 | Encoding::Bf16) {
+            return Err(ClientError::InvalidInput(format!(
+                "pulls come as f32, f16 or bf16, not {}",
+                self.pull
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// What a client keeps per table to compress its pushes.
+#[derive(Debug)]
+pub(crate) struct Sender {
+    pub enc: Encoder,
+    /// Residual of a dense tensor (its full length once used).
+    pub dense: ErrorFeedback,
+    /// Residuals of embedding rows.
+    pub rows: Option<RowErrorFeedback>,
+}
+
+impl Sender {
+    /// Whether what is sent differs from what was given: then the residual is kept.
+    pub fn lossy(&self) -> bool {
+        !self.enc.options().codec.is_lossless()
+    }
+}
+
+/// This client's copy of a dense table as delta pulls built it, with the shard's replica
+/// version of each chunk. Locked for a whole delta pull, so that answers apply in order.
+#[derive(Debug, Default)]
+pub(crate) struct DeltaReplica {
+    pub values: Vec<f32>,
+    pub versions: HashMap<u64, u64>,
+}
+
+/// What the client keeps for one table.
+#[derive(Debug, Clone)]
+pub(crate) struct TableState {
+    pub codec: TableCodec,
+    pub sender: Arc<Mutex<Sender>>,
+    pub replica: Arc<tokio::sync::Mutex<DeltaReplica>>,
+}
+
+/// The codecs of every table this client has touched.
+#[derive(Debug)]
+pub(crate) struct Codecs {
+    default: TableCodec,
+    seed: u64,
+    tables: Mutex<HashMap<TableName, TableState>>,
+}
+
+impl Codecs {
+    pub fn new(default: TableCodec, seed: u64) -> Self {
+        Self {
+            default,
+            seed,
+            tables: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn state(&self, name: &TableName, codec: TableCodec) -> TableState {
+        // Each table draws from its own stream: the seed mixed with the table's name.
+        let seed = self.seed ^ name.hash64();
+        TableState {
+            codec,
+            sender: Arc::new(Mutex::new(Sender {
+                enc: Encoder::new(codec.push, seed),
+                dense: ErrorFeedback::default(),
+                rows: None,
+            })),
+            replica: Arc::default(),
+        }
+    }
+
+    /// The table's codec and its state.
+    pub fn state_of(&self, name: &TableName) -> TableState {
+        let mut tables = self.tables.lock();
+        if let Some(t) = tables.get(name) {
+            return t.clone();
+        }
+        let t = self.state(name, self.default);
+        tables.insert(name.clone(), t.clone());
+        t
+    }
+
+    /// The table's codec and its sender state.
+    pub fn get(&self, name: &TableName) -> (TableCodec, Arc<Mutex<Sender>>) {
+        let t = self.state_of(name);
+        (t.codec, t.sender)
+    }
+
+    /// Sets a table's codec; what its residual and replica held before are dropped.
+    pub fn set(&self, name: TableName, codec: TableCodec) {
+        let t = self.state(&name, codec);
+        self.tables.lock().insert(name, t);
+    }
+
+    /// Forgets a table (it was dropped).
+    pub fn forget(&self, name: &TableName) {
+        self.tables.lock().remove(name);
+    }
+}

@@ -1,0 +1,11 @@
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use ps_codec::{Compression, Encoding};
+
+mod common;
+
+fuzz_target!(|data: &[u8]| {
+    common::run(Encoding::SparseF32, Compression::None, data);
+    common::run(Encoding::SparseF16, Compression::None, data);
+});

@@ -1,0 +1,594 @@
+//! Gradient codecs end to end through real shards: every encoding is applied as exactly the
+//! values it decodes to, malformed payloads change nothing, error feedback in the SDK conserves
+//! the gradient, pulls come back in f16 or bf16, and the wire bytes are counted.
+
+use ps_client::{
+    ClientConfig, Codec, CompressOptions, Lz4Policy, PsClient, SparseValues, TableCodec,
+};
+use ps_codec::{Encoded, Encoder};
+use ps_core::payload::encoding_to_pb;
+use ps_core::{Encoding, Optimizer, Payload, TableSpec};
+use ps_proto::v1 as pb;
+use ps_proto::v1::parameter_server_client::ParameterServerClient;
+use ps_tests::TestCluster;
+
+/// Every codec, small blocks so that a few thousand values span many of them.
+fn all_codecs() -> Vec<Codec> {
+    vec![
+        Codec::F32,
+        Codec::F16,
+        Codec::Bf16,
+        Codec::Int8 { block: 64 },
+        Codec::Sign { block: 100 },
+        Codec::Qsgd {
+            levels: 7,
+            block: 128,
+        },
+        Codec::TopK {
+            ratio: 0.02,
+            values: SparseValues::F32,
+        },
+        Codec::TopK {
+            ratio: 0.02,
+            values: SparseValues::F16,
+        },
+        Codec::RandomK {
+            ratio: 0.05,
+            values: SparseValues::F16,
+        },
+    ]
+}
+
+fn opts(codec: Codec) -> CompressOptions {
+    CompressOptions {
+        codec,
+        min_values: 0,
+        lz4: Lz4Policy::default(),
+    }
+}
+
+/// The codec without lz4: the bytes are the layout itself.
+fn plain(codec: Codec) -> CompressOptions {
+    CompressOptions {
+        lz4: Lz4Policy {
+            enabled: false,
+            ..Lz4Policy::default()
+        },
+        ..opts(codec)
+    }
+}
+
+fn gradient(n: usize, seed: u32) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let x = (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) >> 8;
+            (x as f32 / (1u32 << 24) as f32 - 0.5) * 2.0
+        })
+        .collect()
+}
+
+fn push_id(seq: u64) -> Option<pb::PushId> {
+    Some(pb::PushId {
+        client_id: 77,
+        seq,
+        min_unacked_seq: 0,
+    })
+}
+
+/// A push in each encoding (and with lz4 where it pays) through raw gRPC, as any client would
+/// send it: under SGD with learning rate 1 from zeros, the table then holds exactly minus the
+/// decoded values, for a dense and a sparse table.
+#[tokio::test]
+async fn each_encoding_is_applied_as_its_decoded_values() {
+    let cluster = TestCluster::start(1).await;
+    let ps = cluster.client().await;
+    let mut raw = ParameterServerClient::connect(cluster.endpoints[0].clone())
+        .await
+        .unwrap()
+        .max_decoding_message_size(usize::MAX);
+    let n = 3000;
+    let mut seq = 1;
+    for (t, codec) in all_codecs().into_iter().enumerate() {
+        for lz4 in [false, true] {
+            let name = format!("d{t}{}", if lz4 { "z" } else { "" });
+            let spec = TableSpec::dense(&name, &[n as u64])
+                .unwrap()
+                .with_chunk_elems(1000)
+                .unwrap()
+                .with_optimizer(Optimizer::sgd(1.0))
+                .unwrap();
+            ps.create_table(spec).await.unwrap();
+            let mut enc = Encoder::new(
+                CompressOptions {
+                    lz4: Lz4Policy {
+                        enabled: lz4,
+                        min_saving: 0.0,
+                        min_bytes: 0,
+                    },
+                    ..opts(codec)
+                },
+                t as u64,
+            );
+            // One payload per chunk; a sparse-ish gradient so that lz4 has something to do.
+            let mut g = gradient(n, t as u32);
+            for (i, v) in g.iter_mut().enumerate() {
+                if i % 3 != 0 {
+                    *v = 0.0;
+                }
+            }
+            let mut expect = Vec::new();
+            let mut slices = Vec::new();
+            for c in 0..3 {
+                let e = enc.encode(&g[c * 1000..(c + 1) * 1000]);
+                expect.extend(e.to_vec().unwrap());
+                slices.push(pb::DenseSlice {
+                    chunk: c as u64,
+                    values: Some(Payload::from(e).into()),
+                });
+            }
+            raw.push_dense(pb::PushDenseRequest {
+                table: name.clone(),
+                push_id: push_id(seq),
+                map_epoch: 0,
+                slices,
+            })
+            .await
+            .unwrap_or_else(|s| panic!("{codec} lz4={lz4}: {s}"));
+            seq += 1;
+            let w = ps.pull_dense(&name).await.unwrap();
+            for (i, (got, want)) in w.iter().zip(&expect).enumerate() {
+                assert_eq!(*got, -want, "{codec} lz4={lz4} value {i}");
+            }
+            if codec != Codec::F32 {
+                assert!(
+                    w.iter().zip(&g).any(|(a, b)| *a != -b),
+                    "{codec}: a lossy codec should not be exact on this input"
+                );
+            }
+        }
+        // The same for embedding rows.
+        let name = format!("s{t}");
+        let dim = 16;
+        let spec = TableSpec::sparse(&name, dim)
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(1.0))
+            .unwrap();
+        ps.create_table(spec).await.unwrap();
+        let ids: Vec<u64> = (0..200).map(|i| i * 7 + 1).collect();
+        let g = gradient(ids.len() * dim as usize, 100 + t as u32);
+        let e = Encoder::new(opts(codec), 5).encode(&g);
+        let expect = e.to_vec().unwrap();
+        raw.push_sparse(pb::PushSparseRequest {
+            table: name.clone(),
+            push_id: push_id(seq),
+            map_epoch: 0,
+            ids: ids.clone(),
+            values: Some(Payload::from(e).into()),
+        })
+        .await
+        .unwrap_or_else(|s| panic!("sparse {codec}: {s}"));
+        seq += 1;
+        let w = ps.pull_sparse(&name, &ids).await.unwrap();
+        for (got, want) in w.iter().zip(&expect) {
+            assert_eq!(*got, -want, "sparse {codec}");
+        }
+    }
+    cluster.stop().await;
+}
+
+/// Malformed payloads are refused with INVALID_ARGUMENT saying what was wrong, and nothing of
+/// the push is applied, not even its valid slices.
+#[tokio::test]
+async fn malformed_payloads_change_nothing() {
+    let cluster = TestCluster::start(1).await;
+    let ps = cluster.client().await;
+    let spec = TableSpec::dense("w", &[2000])
+        .unwrap()
+        .with_chunk_elems(1000)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(1.0))
+        .unwrap();
+    ps.create_table(spec).await.unwrap();
+    let mut raw = ParameterServerClient::connect(cluster.endpoints[0].clone())
+        .await
+        .unwrap();
+    let good = Payload::from_f32(&[1.0; 1000]);
+    let topk = Encoder::new(
+        plain(Codec::TopK {
+            ratio: 0.01,
+            values: SparseValues::F32,
+        }),
+        0,
+    )
+    .encode(&gradient(1000, 3));
+    // Corruptions, each with words the error must carry.
+    let mut cases: Vec<(pb::Payload, &str)> = Vec::new();
+    let mut p: pb::Payload = Payload::from(topk.clone()).into();
+    let mut data = p.data.to_vec();
+    // The last gap becomes two bytes of large value: it jumps past the end.
+    data.pop();
+    data.extend([0xff, 0x7f]);
+    p.data = data.into();
+    cases.push((p, "out of range"));
+    let mut p: pb::Payload = Payload::from(topk.clone()).into();
+    p.num_entries += 1;
+    cases.push((p, "")); // the header or the layout disagrees, depending on the varints
+    let int8 = Encoder::new(plain(Codec::Int8 { block: 100 }), 0).encode(&gradient(1000, 4));
+    let mut p: pb::Payload = Payload::from(int8.clone()).into();
+    let mut data = p.data.to_vec();
+    data[..4].copy_from_slice(&(-2.0f32).to_le_bytes());
+    p.data = data.into();
+    cases.push((p, "never negative"));
+    let mut p: pb::Payload = Payload::from(int8).into();
+    p.block_size = 99;
+    cases.push((p, "need"));
+    let mut p: pb::Payload = good.clone().into();
+    p.compression = pb::Compression::Lz4 as i32;
+    p.raw_len = 4000;
+    cases.push((p, "lz4"));
+    let mut p: pb::Payload = good.clone().into();
+    p.encoding = 42;
+    cases.push((p, "unknown encoding"));
+    let mut p: pb::Payload = Payload::from(
+        Encoder::new(
+            plain(Codec::Qsgd {
+                levels: 3,
+                block: 1000,
+            }),
+            0,
+        )
+        .encode(&gradient(1000, 5)),
+    )
+    .into();
+    p.levels = 0;
+    cases.push((p, "levels 0"));
+    for (i, (bad, words)) in cases.into_iter().enumerate() {
+        let status = raw
+            .push_dense(pb::PushDenseRequest {
+                table: "w".into(),
+                push_id: push_id(i as u64 + 1),
+                map_epoch: 0,
+                slices: vec![
+                    pb::DenseSlice {
+                        chunk: 0,
+                        values: Some(good.clone().into()),
+                    },
+                    pb::DenseSlice {
+                        chunk: 1,
+                        values: Some(bad),
+                    },
+                ],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            status.code(),
+            tonic::Code::InvalidArgument,
+            "case {i}: {status:?}"
+        );
+        assert!(
+            status.message().contains(words),
+            "case {i}: {}",
+            status.message()
+        );
+    }
+    assert!(ps.pull_dense("w").await.unwrap().iter().all(|v| *v == 0.0));
+    let stats = ps.stats().await.unwrap();
+    assert_eq!(stats[0].pushes_applied, 0);
+    cluster.stop().await;
+}
+
+/// Through the SDK with error feedback: after any number of lossy pushes, what the shards
+/// applied plus what the client still owes is the sum of the gradients, for dense tensors over
+/// two shards and for embedding rows.
+#[tokio::test]
+async fn sdk_error_feedback_conserves_the_gradient() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    let lr = 0.5f32;
+    for (t, codec) in all_codecs().into_iter().enumerate().skip(1) {
+        let name = format!("w{t}");
+        let spec = TableSpec::dense(&name, &[40, 100])
+            .unwrap()
+            .with_chunk_elems(1000)
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(lr))
+            .unwrap();
+        ps.create_table(spec).await.unwrap();
+        ps.set_table_codec(
+            &name,
+            TableCodec {
+                push: opts(codec),
+                ..TableCodec::default()
+            },
+        )
+        .unwrap();
+        let mut total = vec![0.0f64; 4000];
+        for step in 0..6 {
+            let g = gradient(4000, step * 31 + t as u32);
+            for (a, b) in total.iter_mut().zip(&g) {
+                *a += f64::from(*b);
+            }
+            ps.push_dense(&name, &g).await.unwrap();
+        }
+        let w = ps.pull_dense(&name).await.unwrap();
+        let owed = ps.dense_residual(&name).unwrap();
+        assert_eq!(owed.len(), 4000);
+        let mut err = 0.0f64;
+        for i in 0..4000 {
+            let sent = -f64::from(w[i]) / f64::from(lr);
+            err = err.max((sent + f64::from(owed[i]) - total[i]).abs());
+        }
+        assert!(
+            err < 1e-4,
+            "{codec}: sent + owed is off the gradient sum by {err}"
+        );
+        if matches!(
+            codec,
+            Codec::TopK { .. } | Codec::RandomK { .. } | Codec::Sign { .. }
+        ) {
+            assert!(
+                owed.iter().any(|v| *v != 0.0),
+                "{codec} should owe something"
+            );
+        }
+    }
+    // Embedding rows: per-row residuals.
+    let spec = TableSpec::sparse("emb", 8)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(lr))
+        .unwrap();
+    ps.create_table(spec).await.unwrap();
+    ps.set_table_codec(
+        "emb",
+        TableCodec {
+            push: opts(Codec::TopK {
+                ratio: 0.1,
+                values: SparseValues::F32,
+            }),
+            ..TableCodec::default()
+        },
+    )
+    .unwrap();
+    let ids: Vec<u64> = (0..50).collect();
+    let mut total = vec![0.0f64; 50 * 8];
+    for step in 0..5 {
+        // A batch that repeats some ids: the shard sums them, the residual is per row.
+        let batch: Vec<u64> = ids.iter().map(|i| (i * (step + 1)) % 50).collect();
+        let g = gradient(batch.len() * 8, step as u32);
+        for (p, id) in batch.iter().enumerate() {
+            for j in 0..8 {
+                total[*id as usize * 8 + j] += f64::from(g[p * 8 + j]);
+            }
+        }
+        ps.push_sparse("emb", &batch, &g).await.unwrap();
+    }
+    let w = ps.pull_sparse("emb", &ids).await.unwrap();
+    for id in 0..50u64 {
+        let owed = ps.row_residual("emb", id).unwrap().unwrap_or(vec![0.0; 8]);
+        for (j, o) in owed.iter().enumerate() {
+            let i = id as usize * 8 + j;
+            let sent = -f64::from(w[i]) / f64::from(lr);
+            assert!(
+                (sent + f64::from(*o) - total[i]).abs() < 1e-4,
+                "row {id}[{j}]: {sent} + {o} vs {}",
+                total[i]
+            );
+        }
+    }
+    cluster.stop().await;
+}
+
+/// Pulls asked for in f16 or bf16 come back as the stored values rounded to that format, for
+/// dense and sparse tables; the wire bytes of pushes and pulls are counted by encoding.
+#[tokio::test]
+async fn pulls_in_half_precision_and_wire_metrics() {
+    let metrics = ps_runtime::metrics::install("ps-tests").unwrap();
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    let spec = TableSpec::dense("h", &[5000])
+        .unwrap()
+        .with_chunk_elems(1000)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(1.0))
+        .unwrap();
+    ps.create_table(spec).await.unwrap();
+    let g = gradient(5000, 9);
+    ps.push_dense("h", &g).await.unwrap();
+    let exact = ps.pull_dense("h").await.unwrap();
+    let emb = TableSpec::sparse("he", 4)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(1.0))
+        .unwrap();
+    ps.create_table(emb).await.unwrap();
+    let ids: Vec<u64> = (0..100).collect();
+    ps.push_sparse("he", &ids, &g[..400]).await.unwrap();
+    let exact_rows = ps.pull_sparse("he", &ids).await.unwrap();
+    for pull in [Encoding::F16, Encoding::Bf16] {
+        for table in ["h", "he"] {
+            ps.set_table_codec(
+                table,
+                TableCodec {
+                    pull,
+                    ..TableCodec::default()
+                },
+            )
+            .unwrap();
+        }
+        let round = |v: f32| match pull {
+            Encoding::F16 => half::f16::from_f32(v).to_f32(),
+            _ => half::bf16::from_f32(v).to_f32(),
+        };
+        let got = ps.pull_dense("h").await.unwrap();
+        for (a, b) in got.iter().zip(&exact) {
+            assert_eq!(a.to_bits(), round(*b).to_bits(), "{pull}");
+        }
+        let rows = ps.pull_sparse("he", &ids).await.unwrap();
+        for (a, b) in rows.iter().zip(&exact_rows) {
+            assert_eq!(a.to_bits(), round(*b).to_bits(), "{pull}");
+        }
+    }
+    // A pull may not ask for a lossy gradient codec.
+    let mut raw = ParameterServerClient::connect(cluster.endpoints[0].clone())
+        .await
+        .unwrap();
+    let status = raw
+        .pull_dense(pb::PullDenseRequest {
+            table: "h".into(),
+            chunks: vec![0],
+            accept: encoding_to_pb(Encoding::Int8) as i32,
+            map_epoch: 0,
+            delta: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::InvalidArgument);
+    let text = metrics.render();
+    for want in [
+        "ps_wire_bytes_total{direction=\"push\",table=\"h\",encoding=\"f32\"}",
+        "ps_wire_bytes_total{direction=\"pull\",table=\"h\",encoding=\"f16\"}",
+        "ps_wire_bytes_total{direction=\"pull\",table=\"he\",encoding=\"bf16\"}",
+        "ps_client_wire_bytes_total{direction=\"push\",table=\"h\",codec=\"f32\"}",
+    ] {
+        assert!(text.contains(want), "{want} missing from:\n{text}");
+    }
+    cluster.stop().await;
+}
+
+/// The compressed pushes of a job are far smaller on the wire than f32, and training still
+/// moves the parameters where dense pushes move them.
+#[tokio::test]
+async fn top_k_with_feedback_tracks_dense_sgd() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    let n = 20_000usize;
+    for name in ["dense", "topk"] {
+        let spec = TableSpec::dense(name, &[n as u64])
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(0.005))
+            .unwrap();
+        ps.create_table(spec).await.unwrap();
+    }
+    ps.set_table_codec(
+        "topk",
+        TableCodec {
+            push: opts(Codec::TopK {
+                ratio: 0.01,
+                values: SparseValues::F16,
+            }),
+            ..TableCodec::default()
+        },
+    )
+    .unwrap();
+    // Minimise |w - target|^2 from both tables; the gradient is w - target.
+    let target = gradient(n, 1);
+    for _ in 0..300 {
+        for name in ["dense", "topk"] {
+            let w = ps.pull_dense(name).await.unwrap();
+            let g: Vec<f32> = w.iter().zip(&target).map(|(a, b)| a - b).collect();
+            ps.push_dense(name, &g).await.unwrap();
+        }
+    }
+    let dist = |w: &[f32]| {
+        w.iter()
+            .zip(&target)
+            .map(|(a, b)| f64::from(a - b).powi(2))
+            .sum::<f64>()
+            .sqrt()
+    };
+    let start = dist(&vec![0.0; n]);
+    let dense = dist(&ps.pull_dense("dense").await.unwrap());
+    let topk = dist(&ps.pull_dense("topk").await.unwrap());
+    eprintln!("distance to target from {start:.2}: dense {dense:.3}, top-k 1% {topk:.3}");
+    // Dense: 0.995^300 = 0.22 of the start.
+    assert!(
+        dense < start * 0.25,
+        "dense SGD converges: {dense} of {start}"
+    );
+    // 1% of the coordinates per step: each is sent about every 100 steps with all that is owed
+    // to it (lr x delay = 0.5 < 1 keeps it stable), so it keeps up with dense SGD.
+    assert!(
+        topk < start * 0.4,
+        "top-k with error feedback converges: {topk} of {start}"
+    );
+    let e: Encoded = Encoder::new(
+        opts(Codec::TopK {
+            ratio: 0.01,
+            values: SparseValues::F16,
+        }),
+        0,
+    )
+    .encode(&target);
+    assert!(
+        e.data.len() * 80 < n * 4,
+        "1% top-k is over 80x smaller than f32"
+    );
+    cluster.stop().await;
+}
+
+/// Delta pulls: the first pull of a chunk comes whole, later ones bring the top-k of the change
+/// since the last pull, and a client's copy converges to the table's values; a client that
+/// lost its copy (same id, fresh state) gets whole chunks again, never a change against a
+/// replica it does not hold.
+#[tokio::test]
+async fn delta_pulls_converge_and_resync() {
+    let cluster = TestCluster::start(2).await;
+    let writer = cluster.client().await;
+    let spec = TableSpec::dense("m", &[6000])
+        .unwrap()
+        .with_chunk_elems(1000)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(1.0))
+        .unwrap();
+    writer.create_table(spec).await.unwrap();
+    let reader_cfg = || {
+        let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+        cfg.client_id = Some(4242);
+        cfg.codec = TableCodec {
+            pull_delta: Some(0.1),
+            ..TableCodec::default()
+        };
+        cfg
+    };
+    let reader = PsClient::connect(reader_cfg()).await.unwrap();
+    writer.push_dense("m", &gradient(6000, 1)).await.unwrap();
+    let exact = writer.pull_dense("m").await.unwrap();
+    assert_eq!(
+        reader.pull_dense("m").await.unwrap(),
+        exact,
+        "first pull: whole chunks"
+    );
+    let mut last_gap = f32::MAX;
+    for round in 0..3 {
+        writer
+            .push_dense("m", &gradient(6000, 10 + round))
+            .await
+            .unwrap();
+        let exact = writer.pull_dense("m").await.unwrap();
+        let gap = |got: &[f32]| {
+            got.iter()
+                .zip(&exact)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max)
+        };
+        let first = reader.pull_dense("m").await.unwrap();
+        assert!(gap(&first) > 0.0, "10% of a change is not all of it");
+        let mut got = first;
+        for _ in 0..40 {
+            got = reader.pull_dense("m").await.unwrap();
+        }
+        last_gap = gap(&got);
+        assert!(
+            last_gap < 1e-5,
+            "round {round}: the copy converges, gap {last_gap}"
+        );
+    }
+    assert!(last_gap < 1e-5);
+    // The same client id with no copy: whole chunks, exact.
+    let fresh = PsClient::connect(reader_cfg()).await.unwrap();
+    assert_eq!(
+        fresh.pull_dense("m").await.unwrap(),
+        writer.pull_dense("m").await.unwrap()
+    );
+    cluster.stop().await;
+}
