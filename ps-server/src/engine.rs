@@ -745,6 +745,7 @@ impl<S: Store> Engine<S> {
             let change: Vec<f32> = current.iter().zip(&r.values).map(|(w, v)| w - v).collect();
             let mut enc = ps_codec::Encoder::new(
                 ps_codec::CompressOptions {
+                    error_feedback: true,
                     codec: ps_codec::Codec::TopK {
                         ratio,
                         values: ps_codec::SparseValues::F16,

@@ -41,6 +41,7 @@ fn all_codecs() -> Vec<Codec> {
 
 fn opts(codec: Codec) -> CompressOptions {
     CompressOptions {
+        error_feedback: true,
         codec,
         min_values: 0,
         lz4: Lz4Policy::default(),

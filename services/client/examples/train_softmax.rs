@@ -17,7 +17,7 @@ use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use ps_client::{ClientConfig, PsClient};
+use ps_client::{ClientConfig, Codec, CompressOptions, PsClient, TableCodec};
 use ps_core::{Optimizer, TableSpec};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
@@ -34,12 +34,22 @@ struct Args {
     epochs: usize,
     #[arg(long, default_value_t = 100)]
     batch: usize,
-    /// Learning rate of the shard's momentum optimizer (momentum 0.9).
+    /// Learning rate of the shard's momentum optimizer.
     #[arg(long, default_value_t = 0.02)]
     lr: f32,
+    /// Momentum of the shard's optimizer (0: plain SGD).
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f32,
     /// Seed of the per-epoch shuffle.
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Codec of the gradient pushes (f32, fp16, bf16, int8, sign, qsgd, topk:0.01, ...);
+    /// lossy codecs keep error feedback.
+    #[arg(long, default_value = "f32")]
+    codec: Codec,
+    /// Error feedback for the codec: on or off (default: what the codec wants; off for QSGD).
+    #[arg(long)]
+    error_feedback: Option<bool>,
 }
 
 const CLASSES: usize = 10;
@@ -197,9 +207,21 @@ async fn main() -> anyhow::Result<()> {
         test.len()
     );
 
-    let ps = PsClient::connect(ClientConfig::new(args.endpoints.clone())).await?;
-    let spec = TableSpec::dense("softmax/w", &[(dim + 1) as u64, CLASSES as u64])?
-        .with_optimizer(Optimizer::momentum(args.lr, 0.9))?;
+    let mut cfg = ClientConfig::new(args.endpoints.clone());
+    let mut push = CompressOptions::new(args.codec);
+    push.error_feedback = args.error_feedback.unwrap_or(push.error_feedback);
+    cfg.codec = TableCodec {
+        push,
+        ..TableCodec::default()
+    };
+    let ps = PsClient::connect(cfg).await?;
+    let spec = TableSpec::dense("softmax/w", &[(dim + 1) as u64, CLASSES as u64])?.with_optimizer(
+        if args.momentum > 0.0 {
+            Optimizer::momentum(args.lr, args.momentum)
+        } else {
+            Optimizer::sgd(args.lr)
+        },
+    )?;
     ps.create_table(spec).await?;
     println!(
         "connected to {} shard(s) as client {:016x}",
@@ -218,6 +240,7 @@ async fn main() -> anyhow::Result<()> {
     for epoch in 1..=args.epochs {
         order.shuffle(&mut rng);
         let mut loss_sum = 0.0;
+        let (mut wire, mut raw) = (0u64, 0u64);
         for step in 0..steps {
             bx.clear();
             by.clear();
@@ -227,22 +250,29 @@ async fn main() -> anyhow::Result<()> {
             }
             let w = ps.pull_dense("softmax/w").await?;
             let (loss, grad) = loss_and_grad(&w, &bx, &by, dim);
-            ps.push_dense("softmax/w", &grad).await?;
+            let pushed = ps.push_dense("softmax/w", &grad).await?;
+            wire += pushed.wire_bytes;
+            raw += pushed.raw_bytes;
             loss_sum += loss;
         }
         let w = ps.pull_dense("softmax/w").await?;
         println!(
-            "epoch {epoch}/{}: train loss {:.4}, test accuracy {:.2}%, {:.1}s",
+            "epoch {epoch}/{}: train loss {:.4}, test accuracy {:.2}%, {:.1}s, pushed {:.2} MiB \
+             ({}, {:.1}x smaller than f32)",
             args.epochs,
             loss_sum / steps as f32,
             100.0 * accuracy(&w, &test),
-            started.elapsed().as_secs_f32()
+            started.elapsed().as_secs_f32(),
+            wire as f64 / f64::from(1 << 20),
+            args.codec,
+            raw as f64 / wire.max(1) as f64
         );
     }
     let w = ps.pull_dense("softmax/w").await?;
     println!(
-        "final test accuracy: {:.2}% ({what}, softmax regression)",
-        100.0 * accuracy(&w, &test)
+        "final test accuracy: {:.2}% ({what}, softmax regression, pushes in {})",
+        100.0 * accuracy(&w, &test),
+        args.codec
     );
     let stats = ps.stats().await?;
     for s in stats {

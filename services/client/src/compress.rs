@@ -66,9 +66,9 @@ pub(crate) struct Sender {
 }
 
 impl Sender {
-    /// Whether what is sent differs from what was given: then the residual is kept.
+    /// Whether this table keeps a residual: a lossy codec with error feedback on.
     pub fn lossy(&self) -> bool {
-        !self.enc.options().codec.is_lossless()
+        self.enc.options().keeps_residual()
     }
 }
 

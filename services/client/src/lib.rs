@@ -113,9 +113,18 @@ pub struct PushSummary {
     pub duplicates: u64,
     pub applied_values: u64,
     pub skipped_non_finite: u64,
+    /// Payload bytes sent (after the codec and lz4).
+    pub wire_bytes: u64,
+    /// What the same values take as f32.
+    pub raw_bytes: u64,
 }
 
 impl PushSummary {
+    fn add_payload(&mut self, e: &Encoded) {
+        self.wire_bytes += e.data.len() as u64;
+        self.raw_bytes += e.header.num_values * 4;
+    }
+
     fn add(&mut self, r: &pb::PushResponse) {
         self.requests += 1;
         self.duplicates += u64::from(r.duplicate);
@@ -453,7 +462,7 @@ impl PsClient {
         let requests: Vec<(usize, Vec<EncodedSlice>)> = {
             let mut guard = sender.lock();
             let Sender { enc, dense, .. } = &mut *guard;
-            let lossy = !enc.options().codec.is_lossless();
+            let lossy = enc.options().keeps_residual();
             if lossy {
                 dense
                     .accumulate_at(shape.len() as usize, base as usize, grad)
@@ -522,7 +531,12 @@ impl PsClient {
         let mut first_err = None;
         for (i, r) in results {
             match r {
-                Ok(s) => total.add(&s),
+                Ok(s) => {
+                    total.add(&s);
+                    for (_, _, e) in &requests[i].1 {
+                        total.add_payload(e);
+                    }
+                }
                 Err(e) => {
                     if not_applied(&e) {
                         // Give the refused part back to the residual: it was never applied.
@@ -768,7 +782,7 @@ impl PsClient {
         let requests: Vec<(usize, Vec<u64>, Encoded)> = {
             let mut guard = sender.lock();
             let Sender { enc, rows, .. } = &mut *guard;
-            let lossy = !enc.options().codec.is_lossless();
+            let lossy = enc.options().keeps_residual();
             let rows = rows.get_or_insert_with(|| RowErrorFeedback::new(dim));
             let mut out = Vec::with_capacity(groups.len());
             for (shard, positions) in groups {
@@ -819,7 +833,10 @@ impl PsClient {
         let mut first_err = None;
         for (i, r) in results {
             match r {
-                Ok(a) => total.add(&a),
+                Ok(a) => {
+                    total.add(&a);
+                    total.add_payload(&requests[i].2);
+                }
                 Err(e) => {
                     if not_applied(&e) {
                         let mut guard = sender.lock();

@@ -251,6 +251,11 @@ pub struct CompressOptions {
     /// Payloads of fewer values go as plain f32: compressing them saves too little to matter.
     pub min_values: usize,
     pub lz4: Lz4Policy,
+    /// Whether the sender keeps what the codec dropped and adds it to the next gradient. On by
+    /// default for the biased codecs (fp16, bf16, int8, sign, top-k, random-k), where it is
+    /// what keeps training on course; off by default for QSGD, which is unbiased on its own and
+    /// whose variance at few levels makes a residual grow instead of shrink.
+    pub error_feedback: bool,
 }
 
 impl Default for CompressOptions {
@@ -259,16 +264,24 @@ impl Default for CompressOptions {
             codec: Codec::F32,
             min_values: 1024,
             lz4: Lz4Policy::default(),
+            error_feedback: true,
         }
     }
 }
 
 impl CompressOptions {
+    /// `codec` with the defaults around it, error feedback as the codec wants it.
     pub fn new(codec: Codec) -> Self {
         Self {
             codec,
+            error_feedback: !matches!(codec, Codec::Qsgd { .. }),
             ..Self::default()
         }
+    }
+
+    /// Whether a sender with these options keeps a residual.
+    pub fn keeps_residual(&self) -> bool {
+        self.error_feedback && !self.codec.is_lossless()
     }
 }
 

@@ -6,6 +6,7 @@ use crate::codec::{DEFAULT_BLOCK, DEFAULT_LEVELS};
 fn encoder(codec: Codec) -> Encoder {
     Encoder::new(
         CompressOptions {
+            error_feedback: true,
             codec,
             min_values: 0,
             lz4: Lz4Policy::default(),
@@ -272,6 +273,7 @@ fn qsgd_is_unbiased() {
     for seed in 0..trials {
         let e = Encoder::new(
             CompressOptions {
+                error_feedback: true,
                 codec: Codec::Qsgd { levels, block },
                 min_values: 0,
                 lz4: Lz4Policy {
@@ -367,6 +369,7 @@ fn lz4_is_adaptive() {
     // Off when the policy says so.
     let mut off = Encoder::new(
         CompressOptions {
+            error_feedback: true,
             codec: Codec::F32,
             min_values: 0,
             lz4: Lz4Policy {

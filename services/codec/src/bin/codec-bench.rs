@@ -116,6 +116,7 @@ fn main() {
                     continue;
                 }
                 let opts = CompressOptions {
+                    error_feedback: true,
                     codec,
                     min_values: 0,
                     lz4: Lz4Policy {
