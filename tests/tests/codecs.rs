@@ -59,6 +59,24 @@ fn plain(codec: Codec) -> CompressOptions {
     }
 }
 
+/// A dense table of chunks of 1,000 values under SGD.
+fn dense_sgd(name: &str, shape: &[u64], lr: f32) -> TableSpec {
+    TableSpec::dense(name, shape)
+        .unwrap()
+        .with_chunk_elems(1000)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(lr))
+        .unwrap()
+}
+
+/// An embedding table of rows of `dim` values under SGD.
+fn sparse_sgd(name: &str, dim: u32, lr: f32) -> TableSpec {
+    TableSpec::sparse(name, dim)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(lr))
+        .unwrap()
+}
+
 fn gradient(n: usize, seed: u32) -> Vec<f32> {
     (0..n)
         .map(|i| {
@@ -92,12 +110,7 @@ async fn each_encoding_is_applied_as_its_decoded_values() {
     for (t, codec) in all_codecs().into_iter().enumerate() {
         for lz4 in [false, true] {
             let name = format!("d{t}{}", if lz4 { "z" } else { "" });
-            let spec = TableSpec::dense(&name, &[n as u64])
-                .unwrap()
-                .with_chunk_elems(1000)
-                .unwrap()
-                .with_optimizer(Optimizer::sgd(1.0))
-                .unwrap();
+            let spec = dense_sgd(&name, &[n as u64], 1.0);
             ps.create_table(spec).await.unwrap();
             let mut enc = Encoder::new(
                 CompressOptions {
@@ -150,10 +163,7 @@ async fn each_encoding_is_applied_as_its_decoded_values() {
         // The same for embedding rows.
         let name = format!("s{t}");
         let dim = 16;
-        let spec = TableSpec::sparse(&name, dim)
-            .unwrap()
-            .with_optimizer(Optimizer::sgd(1.0))
-            .unwrap();
+        let spec = sparse_sgd(&name, dim, 1.0);
         ps.create_table(spec).await.unwrap();
         let ids: Vec<u64> = (0..200).map(|i| i * 7 + 1).collect();
         let g = gradient(ids.len() * dim as usize, 100 + t as u32);
@@ -183,12 +193,7 @@ async fn each_encoding_is_applied_as_its_decoded_values() {
 async fn malformed_payloads_change_nothing() {
     let cluster = TestCluster::start(1).await;
     let ps = cluster.client().await;
-    let spec = TableSpec::dense("w", &[2000])
-        .unwrap()
-        .with_chunk_elems(1000)
-        .unwrap()
-        .with_optimizer(Optimizer::sgd(1.0))
-        .unwrap();
+    let spec = dense_sgd("w", &[2000], 1.0);
     ps.create_table(spec).await.unwrap();
     let mut raw = ParameterServerClient::connect(cluster.endpoints[0].clone())
         .await
@@ -289,12 +294,7 @@ async fn sdk_error_feedback_conserves_the_gradient() {
     let lr = 0.5f32;
     for (t, codec) in all_codecs().into_iter().enumerate().skip(1) {
         let name = format!("w{t}");
-        let spec = TableSpec::dense(&name, &[40, 100])
-            .unwrap()
-            .with_chunk_elems(1000)
-            .unwrap()
-            .with_optimizer(Optimizer::sgd(lr))
-            .unwrap();
+        let spec = dense_sgd(&name, &[40, 100], lr);
         ps.create_table(spec).await.unwrap();
         ps.set_table_codec(
             &name,
@@ -335,10 +335,7 @@ async fn sdk_error_feedback_conserves_the_gradient() {
         }
     }
     // Embedding rows: per-row residuals.
-    let spec = TableSpec::sparse("emb", 8)
-        .unwrap()
-        .with_optimizer(Optimizer::sgd(lr))
-        .unwrap();
+    let spec = sparse_sgd("emb", 8, lr);
     ps.create_table(spec).await.unwrap();
     ps.set_table_codec(
         "emb",
@@ -387,20 +384,12 @@ async fn pulls_in_half_precision_and_wire_metrics() {
     let metrics = ps_runtime::metrics::install("ps-tests").unwrap();
     let cluster = TestCluster::start(2).await;
     let ps = cluster.client().await;
-    let spec = TableSpec::dense("h", &[5000])
-        .unwrap()
-        .with_chunk_elems(1000)
-        .unwrap()
-        .with_optimizer(Optimizer::sgd(1.0))
-        .unwrap();
+    let spec = dense_sgd("h", &[5000], 1.0);
     ps.create_table(spec).await.unwrap();
     let g = gradient(5000, 9);
     ps.push_dense("h", &g).await.unwrap();
     let exact = ps.pull_dense("h").await.unwrap();
-    let emb = TableSpec::sparse("he", 4)
-        .unwrap()
-        .with_optimizer(Optimizer::sgd(1.0))
-        .unwrap();
+    let emb = sparse_sgd("he", 4, 1.0);
     ps.create_table(emb).await.unwrap();
     let ids: Vec<u64> = (0..100).collect();
     ps.push_sparse("he", &ids, &g[..400]).await.unwrap();
@@ -464,10 +453,7 @@ async fn top_k_with_feedback_tracks_dense_sgd() {
     let ps = cluster.client().await;
     let n = 20_000usize;
     for name in ["dense", "topk"] {
-        let spec = TableSpec::dense(name, &[n as u64])
-            .unwrap()
-            .with_optimizer(Optimizer::sgd(0.005))
-            .unwrap();
+        let spec = dense_sgd(name, &[n as u64], 0.005);
         ps.create_table(spec).await.unwrap();
     }
     ps.set_table_codec(
@@ -535,12 +521,7 @@ async fn top_k_with_feedback_tracks_dense_sgd() {
 async fn delta_pulls_converge_and_resync() {
     let cluster = TestCluster::start(2).await;
     let writer = cluster.client().await;
-    let spec = TableSpec::dense("m", &[6000])
-        .unwrap()
-        .with_chunk_elems(1000)
-        .unwrap()
-        .with_optimizer(Optimizer::sgd(1.0))
-        .unwrap();
+    let spec = dense_sgd("m", &[6000], 1.0);
     writer.create_table(spec).await.unwrap();
     let reader_cfg = || {
         let mut cfg = ClientConfig::new(cluster.endpoints.clone());
