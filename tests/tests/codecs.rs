@@ -48,6 +48,14 @@ fn opts(codec: Codec) -> CompressOptions {
     }
 }
 
+/// A table's codec: pushes in `codec` with error feedback, pulls in f32.
+fn pushes_in(codec: Codec) -> TableCodec {
+    TableCodec {
+        push: opts(codec),
+        ..TableCodec::default()
+    }
+}
+
 /// The codec without lz4: the bytes are the layout itself.
 fn plain(codec: Codec) -> CompressOptions {
     CompressOptions {
@@ -296,14 +304,7 @@ async fn sdk_error_feedback_conserves_the_gradient() {
         let name = format!("w{t}");
         let spec = dense_sgd(&name, &[40, 100], lr);
         ps.create_table(spec).await.unwrap();
-        ps.set_table_codec(
-            &name,
-            TableCodec {
-                push: opts(codec),
-                ..TableCodec::default()
-            },
-        )
-        .unwrap();
+        ps.set_table_codec(&name, pushes_in(codec)).unwrap();
         let mut total = vec![0.0f64; 4000];
         for step in 0..6 {
             let g = gradient(4000, step * 31 + t as u32);
@@ -339,13 +340,10 @@ async fn sdk_error_feedback_conserves_the_gradient() {
     ps.create_table(spec).await.unwrap();
     ps.set_table_codec(
         "emb",
-        TableCodec {
-            push: opts(Codec::TopK {
-                ratio: 0.1,
-                values: SparseValues::F32,
-            }),
-            ..TableCodec::default()
-        },
+        pushes_in(Codec::TopK {
+            ratio: 0.1,
+            values: SparseValues::F32,
+        }),
     )
     .unwrap();
     let ids: Vec<u64> = (0..50).collect();
@@ -458,13 +456,10 @@ async fn top_k_with_feedback_tracks_dense_sgd() {
     }
     ps.set_table_codec(
         "topk",
-        TableCodec {
-            push: opts(Codec::TopK {
-                ratio: 0.01,
-                values: SparseValues::F16,
-            }),
-            ..TableCodec::default()
-        },
+        pushes_in(Codec::TopK {
+            ratio: 0.01,
+            values: SparseValues::F16,
+        }),
     )
     .unwrap();
     // Minimise |w - target|^2 from both tables; the gradient is w - target.

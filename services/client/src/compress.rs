@@ -33,6 +33,11 @@ impl Default for TableCodec {
 }
 
 impl TableCodec {
+    /// Bytes a pulled value takes on the wire, for sizing pull requests.
+    pub(crate) fn pull_bytes_per_value(&self) -> f64 {
+        if self.pull == Encoding::F32 { 4.0 } else { 2.0 }
+    }
+
     pub(crate) fn check(&self) -> Result<(), ClientError> {
         self.push
             .codec

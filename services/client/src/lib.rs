@@ -527,34 +527,18 @@ impl PsClient {
             .buffer_unordered(self.inner.cfg.max_in_flight)
             .collect::<Vec<_>>()
             .await;
-        let mut total = PushSummary::default();
-        let mut first_err = None;
-        for (i, r) in results {
-            match r {
-                Ok(s) => {
-                    total.add(&s);
-                    for (_, _, e) in &requests[i].1 {
-                        total.add_payload(e);
+        settle(
+            results,
+            |i| requests[i].1.iter().map(|(_, _, e)| e),
+            |i| {
+                let mut guard = sender.lock();
+                if guard.lossy() {
+                    for (_, range, sent) in &requests[i].1 {
+                        let _ = guard.dense.restore(range.clone(), sent);
                     }
                 }
-                Err(e) => {
-                    if not_applied(&e) {
-                        // Give the refused part back to the residual: it was never applied.
-                        let mut guard = sender.lock();
-                        if guard.lossy() {
-                            for (_, range, sent) in &requests[i].1 {
-                                let _ = guard.dense.restore(range.clone(), sent);
-                            }
-                        }
-                    }
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(total),
-        }
+            },
+        )
     }
 
     /// Groups `chunks` by owning shard into requests of at most `max_request_bytes` each, for
@@ -620,11 +604,7 @@ impl PsClient {
                 .await;
         }
         let accept = state.codec.pull;
-        let bytes_per_value = if accept == ps_core::Encoding::F32 {
-            4.0
-        } else {
-            2.0
-        };
+        let bytes_per_value = state.codec.pull_bytes_per_value();
         let requests = self.plan_chunks(&spec, &shape, chunks, bytes_per_value);
         let table = spec.name.to_string();
         let mut out = vec![0.0f32; total];
@@ -829,42 +809,26 @@ impl PsClient {
         .buffer_unordered(self.inner.cfg.max_in_flight)
         .collect::<Vec<_>>()
         .await;
-        let mut total = PushSummary::default();
-        let mut first_err = None;
-        for (i, r) in results {
-            match r {
-                Ok(a) => {
-                    total.add(&a);
-                    total.add_payload(&requests[i].2);
+        settle(
+            results,
+            |i| std::iter::once(&requests[i].2),
+            |i| {
+                let mut guard = sender.lock();
+                let lossy = guard.lossy();
+                if lossy && let Some(rows) = guard.rows.as_mut() {
+                    let (_, ids, sent) = &requests[i];
+                    let _ = rows.restore(ids, sent);
                 }
-                Err(e) => {
-                    if not_applied(&e) {
-                        let mut guard = sender.lock();
-                        let lossy = guard.lossy();
-                        if lossy && let Some(rows) = guard.rows.as_mut() {
-                            let (_, ids, sent) = &requests[i];
-                            let _ = rows.restore(ids, sent);
-                        }
-                    }
-                    first_err.get_or_insert(e);
-                }
-            }
-        }
-        match first_err {
-            Some(e) => Err(e),
-            None => Ok(total),
-        }
+            },
+        )
     }
 
     /// Pulls rows `ids` of sparse table `name`: `ids.len() * dim` values, row after row.
     pub async fn pull_sparse(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
         let (spec, dim) = self.sparse_dim(name).await?;
-        let accept = self.inner.codecs.get(&spec.name).0.pull;
-        let bytes_per_value = if accept == ps_core::Encoding::F32 {
-            4.0
-        } else {
-            2.0
-        };
+        let codec = self.inner.codecs.get(&spec.name).0;
+        let accept = codec.pull;
+        let bytes_per_value = codec.pull_bytes_per_value();
         let groups = self.group_ids(&spec, ids, dim, bytes_per_value);
         let table = spec.name.to_string();
         let mut out = vec![0.0f32; ids.len() * dim];
@@ -964,6 +928,41 @@ impl PsClient {
         self.inner
             .all(|mut c| async move { c.get_stats(pb::GetStatsRequest {}).await })
             .await
+    }
+}
+
+/// Sums the answers of a push's requests (`(request index, answer)`), counting the payloads
+/// of each applied one. A request the shard refused (certainly not applied) goes to `refused`,
+/// which gives its part back to the residual. The first error, if any, is the push's.
+fn settle<'a, P>(
+    results: Vec<(usize, Result<pb::PushResponse, ClientError>)>,
+    payloads: impl Fn(usize) -> P,
+    mut refused: impl FnMut(usize),
+) -> Result<PushSummary, ClientError>
+where
+    P: Iterator<Item = &'a Encoded>,
+{
+    let mut total = PushSummary::default();
+    let mut first_err = None;
+    for (i, r) in results {
+        match r {
+            Ok(a) => {
+                total.add(&a);
+                for e in payloads(i) {
+                    total.add_payload(e);
+                }
+            }
+            Err(e) => {
+                if not_applied(&e) {
+                    refused(i);
+                }
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(total),
     }
 }
 

@@ -19,6 +19,26 @@ pub fn any_non_finite(values: &[f32]) -> bool {
     }) != 0
 }
 
+/// Index of the first NaN or infinity among little-endian f32 values. Each block is scanned
+/// with a branch-free fold (which vectorizes, aligned or not); only a block holding one is
+/// searched value by value.
+pub fn first_non_finite_le(bytes: &[u8]) -> Option<usize> {
+    const BLOCK: usize = 4096;
+    let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+    bytes.chunks(BLOCK).enumerate().find_map(|(i, block)| {
+        let any = block.chunks_exact(4).fold(0u32, |acc, b| {
+            acc | u32::from(word(b) & EXP_MASK == EXP_MASK)
+        });
+        (any != 0).then(|| {
+            i * BLOCK / 4
+                + block
+                    .chunks_exact(4)
+                    .position(|b| word(b) & EXP_MASK == EXP_MASK)
+                    .unwrap_or(0)
+        })
+    })
+}
+
 /// Reads little-endian f32 values from `bytes` into `out` (as many as both hold), with one copy
 /// when the bytes are aligned and value by value when they are not.
 pub fn read_f32_le(bytes: &[u8], out: &mut [f32]) {
@@ -152,10 +172,7 @@ fn read_scales(raw: &[u8], n_blocks: usize, what: &str) -> Result<Vec<f32>, Code
         .ok_or_else(|| data_err(format!("the data is too short for {n_blocks} {what}")))?;
     let mut scales = vec![0.0f32; n_blocks];
     read_f32_le(bytes, &mut scales);
-    if let Some(i) = scales
-        .iter()
-        .position(|s| *s < 0.0 || *s == f32::NEG_INFINITY)
-    {
+    if let Some(i) = scales.iter().position(|s| *s < 0.0) {
         return Err(data_err(format!(
             "{what}[{i}] is {}; {what} are never negative",
             scales[i]

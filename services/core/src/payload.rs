@@ -4,6 +4,7 @@
 //! and keeps the invariant that a [`Payload`]'s header fits its data.
 
 use bytes::Bytes;
+use ps_codec::{Codec, CompressOptions, Encoder, Lz4Policy};
 pub use ps_codec::{CodecError, Compression, Encoded, Encoding, Header};
 use ps_proto::v1 as pb;
 
@@ -91,29 +92,23 @@ impl Payload {
         }
     }
 
-    /// Encodes `values` as `encoding`, which must be f32, f16 or bf16 (the pull encodings).
+    /// Encodes `values` as `encoding` when it is f16 or bf16 (the pull encodings), else as f32.
     pub fn encode_plain(values: &[f32], encoding: Encoding) -> Self {
-        let mut raw = Vec::with_capacity(values.len() * 4);
-        let encoding = match encoding {
-            Encoding::F16 => {
-                ps_codec::quant::encode_f16(values, &mut raw);
-                Encoding::F16
-            }
-            Encoding::Bf16 => {
-                ps_codec::quant::encode_bf16(values, &mut raw);
-                Encoding::Bf16
-            }
+        let codec = match encoding {
+            Encoding::F16 => Codec::F16,
+            Encoding::Bf16 => Codec::Bf16,
             _ => return Self::from_f32(values),
         };
-        Self {
-            header: Header {
-                encoding,
-                num_values: values.len() as u64,
-                raw_len: raw.len() as u64,
-                ..Header::default()
+        let opts = CompressOptions {
+            codec,
+            min_values: 0,
+            lz4: Lz4Policy {
+                enabled: false,
+                ..Lz4Policy::default()
             },
-            data: Bytes::from(raw),
-        }
+            error_feedback: false,
+        };
+        Self::from(Encoder::new(opts, 0).encode(values))
     }
 
     pub fn header(&self) -> &Header {
@@ -179,7 +174,7 @@ impl Payload {
     /// that does not decode reports none: decoding it is what fails).
     pub fn first_non_finite(&self) -> Option<usize> {
         if self.is_plain_f32() {
-            return first_non_finite_f32_le(&self.data);
+            return ps_codec::quant::first_non_finite_le(&self.data);
         }
         let v = self.to_vec().ok()?;
         v.iter().position(|x| !x.is_finite())
@@ -204,28 +199,6 @@ impl From<Payload> for Encoded {
             data: p.data,
         }
     }
-}
-
-/// Index of the first NaN or infinity among little-endian f32 values. Each block is scanned
-/// with a branch-free fold (which vectorizes, aligned or not); only a block holding one is
-/// searched value by value.
-fn first_non_finite_f32_le(bytes: &[u8]) -> Option<usize> {
-    // Exponent bits all ones: NaN or infinity.
-    const EXP: u32 = 0x7f80_0000;
-    const BLOCK: usize = 4096;
-    let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    bytes.chunks(BLOCK).enumerate().find_map(|(i, block)| {
-        let any = block
-            .chunks_exact(4)
-            .fold(0u32, |acc, b| acc | u32::from(word(b) & EXP == EXP));
-        (any != 0).then(|| {
-            i * BLOCK / 4
-                + block
-                    .chunks_exact(4)
-                    .position(|b| word(b) & EXP == EXP)
-                    .unwrap_or(0)
-        })
-    })
 }
 
 impl TryFrom<pb::Payload> for Payload {
