@@ -6,7 +6,7 @@ use std::{env, fs, path::PathBuf};
 use protox::prost::Message as _;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["ps/v1/ps.proto"];
+    let protos = ["ps/v1/ps.proto", "ps/v1/scheduler.proto"];
     let fds = protox::compile(protos, ["."])?;
     let out = PathBuf::from(env::var("OUT_DIR")?);
     fs::write(out.join("ps_descriptor.bin"), fds.encode_to_vec())?;

@@ -1,9 +1,10 @@
-//! The `ps.v1` wire protocol, generated once from `proto/ps/v1/ps.proto`.
+//! The `ps.v1` wire protocol, generated once from `proto/ps/v1/ps.proto` (shards) and
+//! `proto/ps/v1/scheduler.proto` (the scheduler).
 //!
 //! Generated types stop at the service edge: handlers convert them into `ps_core` domain types
 //! (with validation) and nothing past the handlers sees them.
 
-/// Messages and the `ParameterServer` client and server of package `ps.v1`.
+/// Messages and the `ParameterServer` and `Scheduler` clients and servers of package `ps.v1`.
 pub mod v1 {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]
     tonic::include_proto!("ps.v1");

@@ -141,3 +141,73 @@ pub fn restore(checkpoint: &Path, data_dir: &Path) -> anyhow::Result<Manifest> {
     }
     Ok(manifest)
 }
+
+/// Names the live RocksDB directory of a data directory, relative to it. Absent: `db`.
+const CURRENT_DB: &str = "CURRENT_DB";
+
+/// The live RocksDB directory of `data_dir`: `db`, or the generation a restore installed.
+pub fn current_db(data_dir: &Path) -> anyhow::Result<PathBuf> {
+    match fs::read_to_string(data_dir.join(CURRENT_DB)) {
+        Ok(rel) => {
+            let rel = rel.trim();
+            if rel.is_empty() || rel.contains("..") || rel.starts_with('/') {
+                anyhow::bail!(
+                    "{} names `{rel}`, which is not a directory inside the data directory",
+                    data_dir.join(CURRENT_DB).display()
+                );
+            }
+            Ok(data_dir.join(rel))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(data_dir.join("db")),
+        Err(e) => Err(anyhow::anyhow!(
+            "reading {}: {e}",
+            data_dir.join(CURRENT_DB).display()
+        )),
+    }
+}
+
+/// Copies verified checkpoint `checkpoint` into a fresh generation directory of `data_dir` and
+/// makes it the live one (an atomic rename of `CURRENT_DB`). The previous generation stays on
+/// disk until [`remove_stale_generations`] runs at the next start. Returns the new RocksDB
+/// directory and the checkpoint's manifest.
+pub fn install_generation(
+    checkpoint: &Path,
+    data_dir: &Path,
+) -> anyhow::Result<(PathBuf, Manifest)> {
+    let ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis())
+        .unwrap_or(0);
+    let gen_name = format!("gen-{ms}");
+    let gen_dir = data_dir.join(&gen_name);
+    let manifest = restore(checkpoint, &gen_dir)?;
+    for f in &manifest.files {
+        fs::File::open(gen_dir.join("db").join(&f.name))?.sync_all()?;
+    }
+    let tmp = data_dir.join(format!("{CURRENT_DB}.tmp"));
+    let mut f = fs::File::create(&tmp)?;
+    f.write_all(format!("{gen_name}/db\n").as_bytes())?;
+    f.sync_all()?;
+    fs::rename(&tmp, data_dir.join(CURRENT_DB))?;
+    fs::File::open(data_dir)?.sync_all()?;
+    Ok((gen_dir.join("db"), manifest))
+}
+
+/// Deletes the RocksDB directories of `data_dir` that are not the live one (left behind by a
+/// restore while the old database was still open). Call before opening the store.
+pub fn remove_stale_generations(data_dir: &Path) -> anyhow::Result<()> {
+    let live = current_db(data_dir)?;
+    let Ok(entries) = fs::read_dir(data_dir) else {
+        return Ok(());
+    };
+    for e in entries {
+        let p = e?.path();
+        let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let is_gen = name.starts_with("gen-") || name == "db";
+        if is_gen && !live.starts_with(&p) {
+            tracing::info!(path = %p.display(), "removing a replaced database generation");
+            fs::remove_dir_all(&p)?;
+        }
+    }
+    Ok(())
+}

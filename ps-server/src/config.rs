@@ -49,6 +49,12 @@ pub struct Args {
     /// Milliseconds between turning NOT_SERVING and closing the listener on shutdown [default: 0].
     #[arg(long, env = "PS_DRAIN_MS")]
     pub drain_ms: Option<u64>,
+    /// The scheduler to register with (http://host:port); without it the shard map is static.
+    #[arg(long, env = "PS_SCHEDULER")]
+    pub scheduler: Option<String>,
+    /// The URL workers reach this shard at [default: http://<listen address>].
+    #[arg(long, env = "PS_ADVERTISE")]
+    pub advertise: Option<String>,
 }
 
 /// The TOML file. Every field is optional; unknown keys are errors.
@@ -64,6 +70,8 @@ pub struct FileConfig {
     pub max_request_bytes: Option<usize>,
     pub drain_ms: Option<u64>,
     pub grace_ms: Option<u64>,
+    pub scheduler: Option<String>,
+    pub advertise: Option<String>,
     pub virtual_nodes: Option<u32>,
     pub group_commit_bytes: Option<usize>,
     pub max_queued_bytes: Option<usize>,
@@ -90,6 +98,10 @@ pub struct ServerConfig {
     pub grace: Duration,
     pub rocksdb: RocksOptions,
     pub restore_from: Option<PathBuf>,
+    /// The scheduler this shard registers with; `None`: a static map (epoch 0).
+    pub scheduler: Option<String>,
+    /// The URL the scheduler publishes for this shard.
+    pub advertise: Option<String>,
 }
 
 impl ServerConfig {
@@ -111,6 +123,8 @@ impl ServerConfig {
             grace: Duration::from_secs(30),
             rocksdb: RocksOptions::default(),
             restore_from: None,
+            scheduler: None,
+            advertise: None,
         }
     }
 
@@ -146,6 +160,8 @@ impl ServerConfig {
             grace: file.grace_ms.map_or(d.grace, Duration::from_millis),
             rocksdb,
             restore_from: args.restore_from,
+            scheduler: args.scheduler.or(file.scheduler),
+            advertise: args.advertise.or(file.advertise),
         };
         if !in_memory && cfg.data_dir.is_none() {
             anyhow::bail!(

@@ -70,6 +70,9 @@ pub struct EngineConfig {
     pub max_queued_bytes: usize,
     /// Most bytes of replicas kept for delta pulls; beyond it chunks are answered whole.
     pub pull_replica_bytes: usize,
+    /// The shard-map epoch learnt from the scheduler (0: no scheduler). Shared with the
+    /// registration task, and kept across a restore.
+    pub map_epoch: Arc<AtomicU64>,
 }
 
 /// One chunk of a dense table or one row of a sparse table: parameters, then optimizer state.
@@ -567,14 +570,33 @@ impl<S: Store> Engine<S> {
         self.submit(|r| Cmd::Push(job, r)).await
     }
 
+    /// The shard-map epoch this shard is on (0 when no scheduler manages it).
+    pub fn map_epoch(&self) -> u64 {
+        self.inner.cfg.map_epoch.load(Ordering::Acquire)
+    }
+
+    /// A request routed with an older map than this shard's is refused (the client must fetch
+    /// the map again); one from a newer map is `unavailable` until this shard's next heartbeat
+    /// brings the epoch. Epoch 0 is a client that routes without a scheduler (tools, tests):
+    /// the shard still checks that it owns every key.
     fn check_epoch(&self, epoch: u64) -> Result<()> {
-        // The scheduler makes the shard map dynamic; until then epoch 0 is the only map.
-        if epoch != 0 {
-            return Err(EngineError::FailedPrecondition(format!(
-                "shard map epoch {epoch} is not this shard's (0); refresh the shard map"
+        let current = self.map_epoch();
+        if epoch == 0 || epoch == current {
+            return Ok(());
+        }
+        if current == 0 {
+            return Err(EngineError::Unavailable(format!(
+                "this shard has not registered with a scheduler yet (request map epoch {epoch}); retry"
             )));
         }
-        Ok(())
+        if epoch < current {
+            return Err(EngineError::FailedPrecondition(format!(
+                "stale shard map: the request was routed with epoch {epoch}, this shard is at epoch {current}; fetch the shard map from the scheduler and retry"
+            )));
+        }
+        Err(EngineError::Unavailable(format!(
+            "this shard is at map epoch {current} and has not seen epoch {epoch} yet; retry"
+        )))
     }
 
     fn check_owner(&self, owner: u32, what: impl FnOnce() -> String) -> Result<()> {

@@ -11,10 +11,15 @@ pub mod config;
 pub mod engine;
 pub mod metrics;
 pub mod optim;
+pub mod registration;
 pub mod service;
 pub mod store;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+
+use parking_lot::RwLock;
 
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use ps_runtime::grpc::GrpcOptions;
@@ -23,7 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{Args, ServerConfig};
 use engine::{Engine, EngineConfig};
-use service::PsService;
+use service::{EngineSlot, PsService, Reopen};
 use store::{MemoryStore, RocksStore, Store};
 
 /// Runs a shard on `listener` (and `/metrics` on `metrics_listener`) until `shutdown` is
@@ -46,14 +51,55 @@ pub async fn run(
             }
         });
     }
+    let map_epoch = Arc::new(AtomicU64::new(0));
+    if let Some(url) = cfg.scheduler.clone() {
+        let advertise = advertised(&cfg, &listener)?;
+        let reg = registration::Registration {
+            scheduler: url,
+            advertise,
+            shard_index: cfg.shard_index,
+            num_shards: cfg.num_shards,
+            virtual_nodes: cfg.virtual_nodes,
+            map_epoch: map_epoch.clone(),
+        };
+        tokio::spawn(reg.run(shutdown.clone()));
+    }
     match cfg.data_dir.clone() {
         Some(dir) => {
             let c = cfg.clone();
             let store = tokio::task::spawn_blocking(move || open_durable(&c, &dir)).await??;
-            serve(cfg, store, listener, shutdown).await
+            let rocks = cfg.rocksdb.clone();
+            let reopen: Reopen<RocksStore> =
+                Arc::new(move |db: &Path| RocksStore::open(db, &rocks));
+            let restore = cfg.data_dir.clone().map(|d| (d, reopen));
+            serve(cfg, store, restore, map_epoch, listener, shutdown).await
         }
-        None => serve(cfg, MemoryStore::default(), listener, shutdown).await,
+        None => {
+            serve(
+                cfg,
+                MemoryStore::default(),
+                None,
+                map_epoch,
+                listener,
+                shutdown,
+            )
+            .await
+        }
     }
+}
+
+/// The URL the scheduler publishes for this shard: `--advertise`, or the bound address.
+fn advertised(cfg: &ServerConfig, listener: &TcpListener) -> anyhow::Result<String> {
+    if let Some(a) = &cfg.advertise {
+        return Ok(a.clone());
+    }
+    let local = listener.local_addr()?;
+    if local.ip().is_unspecified() {
+        anyhow::bail!(
+            "listening on {local}: pass --advertise (PS_ADVERTISE) with the URL workers reach this shard at"
+        );
+    }
+    Ok(format!("http://{local}"))
 }
 
 fn open_durable(cfg: &ServerConfig, dir: &Path) -> anyhow::Result<RocksStore> {
@@ -62,12 +108,18 @@ fn open_durable(cfg: &ServerConfig, dir: &Path) -> anyhow::Result<RocksStore> {
         tracing::info!(checkpoint = %from.display(), files = m.files.len(), sequence = m.sequence, "checkpoint restored");
     }
     std::fs::create_dir_all(dir)?;
-    Ok(RocksStore::open(&dir.join("db"), &cfg.rocksdb)?)
+    checkpoint::remove_stale_generations(dir)?;
+    Ok(RocksStore::open(
+        &checkpoint::current_db(dir)?,
+        &cfg.rocksdb,
+    )?)
 }
 
 async fn serve<S: Store>(
     cfg: ServerConfig,
     store: S,
+    restore: Option<(PathBuf, Reopen<S>)>,
+    map_epoch: Arc<AtomicU64>,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
@@ -79,6 +131,7 @@ async fn serve<S: Store>(
         group_commit_bytes: cfg.group_commit_bytes,
         max_queued_bytes: cfg.max_queued_bytes,
         pull_replica_bytes: cfg.pull_replica_bytes,
+        map_epoch,
     };
     let engine = tokio::task::spawn_blocking(move || Engine::open(store, engine_cfg)).await??;
     tracing::info!(
@@ -88,7 +141,12 @@ async fn serve<S: Store>(
         sync = cfg.rocksdb.sync,
         "shard ready"
     );
-    let svc = ParameterServerServer::new(PsService::new(engine.clone(), cfg.max_request_bytes))
+    let slot: EngineSlot<S> = Arc::new(RwLock::new(engine));
+    let mut svc = PsService::new(slot.clone(), cfg.max_request_bytes);
+    if let Some((dir, reopen)) = restore {
+        svc = svc.with_restore(dir, reopen);
+    }
+    let svc = ParameterServerServer::new(svc)
         .max_decoding_message_size(cfg.max_request_bytes)
         .max_encoding_message_size(usize::MAX);
     let opts = GrpcOptions {
@@ -97,6 +155,7 @@ async fn serve<S: Store>(
         grace: cfg.grace,
     };
     let served = ps_runtime::grpc::serve(listener, svc, opts, shutdown).await;
+    let engine = slot.read().clone();
     tokio::task::spawn_blocking(move || engine.close()).await?;
     served
 }

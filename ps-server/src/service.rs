@@ -9,10 +9,15 @@ use ps_proto::v1::parameter_server_server::ParameterServer;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use parking_lot::RwLock;
+
 use crate::checkpoint::{self, Manifest};
 use crate::engine::{Engine, EngineError, PushOutcome};
 use crate::metrics as m;
-use crate::store::Store;
+use crate::store::{Store, StoreError};
 
 impl From<EngineError> for Status {
     fn from(e: EngineError) -> Self {
@@ -28,19 +33,49 @@ impl From<EngineError> for Status {
     }
 }
 
+/// The shard's engine; a restore replaces it while the service runs.
+pub type EngineSlot<S> = Arc<RwLock<Engine<S>>>;
+
+/// Opens a store at a RocksDB directory (after a restore).
+pub type Reopen<S> = Arc<dyn Fn(&Path) -> Result<S, StoreError> + Send + Sync>;
+
 /// The `ps.v1.ParameterServer` service of one shard.
-#[derive(Debug)]
 pub struct PsService<S: Store> {
-    engine: Engine<S>,
+    slot: EngineSlot<S>,
     max_request_bytes: usize,
+    /// The data directory and how to open a store in it; `None` in the in-memory mode.
+    restore: Option<(PathBuf, Reopen<S>)>,
+    restoring: Arc<tokio::sync::Mutex<()>>,
+}
+
+impl<S: Store> std::fmt::Debug for PsService<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PsService")
+            .field("engine", &*self.slot.read())
+            .finish_non_exhaustive()
+    }
 }
 
 impl<S: Store> PsService<S> {
-    pub fn new(engine: Engine<S>, max_request_bytes: usize) -> Self {
+    pub fn new(slot: EngineSlot<S>, max_request_bytes: usize) -> Self {
         Self {
-            engine,
+            slot,
             max_request_bytes,
+            restore: None,
+            restoring: Arc::new(tokio::sync::Mutex::new(())),
         }
+    }
+
+    /// Enables `RestoreCheckpoint`: checkpoints are installed as new generations of `data_dir`
+    /// and opened with `reopen`.
+    pub fn with_restore(mut self, data_dir: PathBuf, reopen: Reopen<S>) -> Self {
+        self.restore = Some((data_dir, reopen));
+        self
+    }
+
+    /// The engine serving requests now.
+    fn engine(&self) -> Engine<S> {
+        self.slot.read().clone()
     }
 }
 
@@ -87,15 +122,16 @@ impl<S: Store> ParameterServer for PsService<S> {
         &self,
         _: Request<pb::ShardInfoRequest>,
     ) -> Result<Response<pb::ShardInfoResponse>, Status> {
-        let cfg = self.engine.config();
+        let engine = self.engine();
+        let cfg = engine.config();
         Ok(Response::new(pb::ShardInfoResponse {
             shard_index: cfg.shard_index,
             num_shards: cfg.num_shards,
             virtual_nodes: cfg.virtual_nodes,
-            map_epoch: 0,
+            map_epoch: engine.map_epoch(),
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
             max_request_bytes: self.max_request_bytes as u64,
-            durable: self.engine.durable(),
+            durable: engine.durable(),
         }))
     }
 
@@ -112,7 +148,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         let spec = TableSpec::try_from(spec).map_err(|e| refuse(M, e))?;
         tracing::Span::current().record("table", spec.name.as_str());
         let (spec, created) = self
-            .engine
+            .engine()
             .create_table(spec)
             .await
             .map_err(|e| refuse(M, e))?;
@@ -128,7 +164,7 @@ impl<S: Store> ParameterServer for PsService<S> {
     ) -> Result<Response<pb::DescribeTableResponse>, Status> {
         const M: &str = "DescribeTable";
         let name = TableName::try_from(req.into_inner().name).map_err(|e| refuse(M, e))?;
-        let table = self.engine.table(&name).map_err(|e| refuse(M, e))?;
+        let table = self.engine().table(&name).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::DescribeTableResponse {
             spec: Some(table.spec().into()),
             stats: Some(table_stats(table.stats())),
@@ -140,7 +176,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         _: Request<pb::ListTablesRequest>,
     ) -> Result<Response<pb::ListTablesResponse>, Status> {
         Ok(Response::new(pb::ListTablesResponse {
-            tables: self.engine.list_tables().iter().map(Into::into).collect(),
+            tables: self.engine().list_tables().iter().map(Into::into).collect(),
         }))
     }
 
@@ -152,7 +188,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         const M: &str = "DropTable";
         let name = TableName::try_from(req.into_inner().name).map_err(|e| refuse(M, e))?;
         tracing::Span::current().record("table", name.as_str());
-        self.engine
+        self.engine()
             .drop_table(name)
             .await
             .map_err(|e| refuse(M, e))?;
@@ -171,7 +207,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         span.record("client", req.push_id.client_id);
         span.record("seq", req.push_id.seq);
         let outcome = self
-            .engine
+            .engine()
             .push_dense(req)
             .await
             .map_err(|e| refuse(M, e))?;
@@ -184,7 +220,7 @@ impl<S: Store> ParameterServer for PsService<S> {
     ) -> Result<Response<pb::PullDenseResponse>, Status> {
         const M: &str = "PullDense";
         let req = PullDense::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
-        let pulled = self.engine.pull_dense(&req).map_err(|e| refuse(M, e))?;
+        let pulled = self.engine().pull_dense(&req).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::PullDenseResponse {
             slices: pulled.slices.into_iter().map(Into::into).collect(),
             is_delta: pulled.delta.iter().map(|d| d.0).collect(),
@@ -205,7 +241,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         span.record("seq", req.push_id.seq);
         span.record("ids", req.ids.len());
         let outcome = self
-            .engine
+            .engine()
             .push_sparse(req)
             .await
             .map_err(|e| refuse(M, e))?;
@@ -218,7 +254,7 @@ impl<S: Store> ParameterServer for PsService<S> {
     ) -> Result<Response<pb::PullSparseResponse>, Status> {
         const M: &str = "PullSparse";
         let req = PullSparse::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
-        let values = self.engine.pull_sparse(&req).map_err(|e| refuse(M, e))?;
+        let values = self.engine().pull_sparse(&req).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::PullSparseResponse {
             values: Some(values.into()),
         }))
@@ -233,11 +269,12 @@ impl<S: Store> ParameterServer for PsService<S> {
         let name = checkpoint_name(req.into_inner().name).map_err(|e| refuse(M, e))?;
         tracing::Span::current().record("name", name.as_str());
         let done = self
-            .engine
+            .engine()
             .checkpoint(name)
             .await
             .map_err(|e| refuse(M, e))?;
-        let cfg = self.engine.config();
+        let engine = self.engine();
+        let cfg = engine.config();
         let manifest = Manifest {
             format: 1,
             name: done.name.clone(),
@@ -249,7 +286,7 @@ impl<S: Store> ParameterServer for PsService<S> {
                 .map(|d| d.as_millis() as u64)
                 .unwrap_or(0),
             tables: self
-                .engine
+                .engine()
                 .list_tables()
                 .into_iter()
                 .map(|t| t.name.to_string())
@@ -273,12 +310,79 @@ impl<S: Store> ParameterServer for PsService<S> {
         }))
     }
 
+    #[instrument(skip_all, fields(name))]
+    async fn restore_checkpoint(
+        &self,
+        req: Request<pb::RestoreCheckpointRequest>,
+    ) -> Result<Response<pb::RestoreCheckpointResponse>, Status> {
+        const M: &str = "RestoreCheckpoint";
+        let name = req.into_inner().name;
+        if name.is_empty() {
+            return Err(refuse(
+                M,
+                Status::invalid_argument("`name` is empty; name the checkpoint"),
+            ));
+        }
+        let name = checkpoint_name(name).map_err(|e| refuse(M, e))?;
+        tracing::Span::current().record("name", name.as_str());
+        let Some((data_dir, reopen)) = self.restore.clone() else {
+            return Err(refuse(
+                M,
+                Status::failed_precondition("this shard runs in memory and has no checkpoints"),
+            ));
+        };
+        let engine = self.engine();
+        let Some(ckpt_root) = engine.config().checkpoint_dir.clone() else {
+            return Err(refuse(
+                M,
+                Status::failed_precondition("this shard keeps no checkpoints"),
+            ));
+        };
+        let ckpt = ckpt_root.join(&name);
+        if !ckpt.is_dir() {
+            return Err(refuse(
+                M,
+                Status::not_found(format!("this shard has no checkpoint named `{name}`")),
+            ));
+        }
+        // One restore at a time; requests keep being served by the old engine until the swap.
+        let _one = self.restoring.lock().await;
+        let cfg = engine.config().clone();
+        drop(engine);
+        let opened = tokio::task::spawn_blocking(move || {
+            let (db, manifest) = checkpoint::install_generation(&ckpt, &data_dir)?;
+            let store = reopen(&db)?;
+            let engine = Engine::open(store, cfg)?;
+            anyhow::Ok((engine, manifest))
+        })
+        .await
+        .map_err(|e| refuse(M, Status::internal(format!("restore task: {e}"))))?
+        .map_err(|e| refuse(M, Status::internal(format!("restoring `{name}`: {e:#}"))))?;
+        let (fresh, manifest) = opened;
+        let old = std::mem::replace(&mut *self.slot.write(), fresh);
+        // Drains the old writer; its store closes when the last in-flight request drops it.
+        tokio::task::spawn_blocking(move || old.close())
+            .await
+            .map_err(|e| refuse(M, Status::internal(format!("closing the old engine: {e}"))))?;
+        tracing::warn!(
+            name,
+            sequence = manifest.sequence,
+            "shard state replaced by a checkpoint"
+        );
+        Ok(Response::new(pb::RestoreCheckpointResponse {
+            files: manifest.files.len() as u64,
+            bytes: manifest.total_bytes(),
+            sequence: manifest.sequence,
+        }))
+    }
+
     async fn get_stats(
         &self,
         _: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        let cfg = self.engine.config();
-        let s = self.engine.stats();
+        let engine = self.engine();
+        let cfg = engine.config();
+        let s = engine.stats();
         Ok(Response::new(pb::GetStatsResponse {
             shard_index: cfg.shard_index,
             num_shards: cfg.num_shards,

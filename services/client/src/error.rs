@@ -11,6 +11,13 @@ pub enum ClientError {
         code: tonic::Code,
         message: String,
     },
+    /// The scheduler answered with an error status (after any retries).
+    #[error("scheduler ({endpoint}) answered {code:?}: {message}")]
+    Scheduler {
+        endpoint: String,
+        code: tonic::Code,
+        message: String,
+    },
     /// The endpoint list does not describe the cluster.
     #[error("shard list does not match the cluster: {0}")]
     Topology(String),
@@ -35,7 +42,7 @@ impl ClientError {
     /// The gRPC code when a shard answered with an error.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
-            Self::Status { code, .. } => Some(*code),
+            Self::Status { code, .. } | Self::Scheduler { code, .. } => Some(*code),
             _ => None,
         }
     }

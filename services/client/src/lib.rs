@@ -27,12 +27,14 @@
 
 mod compress;
 mod error;
+pub mod scheduler;
 mod seq;
 
 use std::collections::HashMap;
 use std::future::Future;
 use std::ops::Range;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -71,6 +73,10 @@ pub struct ClientConfig {
     pub request_timeout: Option<Duration>,
     /// How tables travel unless [`PsClient::set_table_codec`] says otherwise: the job's default.
     pub codec: TableCodec,
+    /// The shard-map epoch requests carry (from the scheduler; 0 = no scheduler). A shard on a
+    /// newer map refuses them with `failed_precondition`: fetch the map and call
+    /// [`PsClient::set_map_epoch`].
+    pub map_epoch: u64,
 }
 
 impl ClientConfig {
@@ -90,6 +96,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: None,
             codec: TableCodec::default(),
+            map_epoch: 0,
         }
     }
 }
@@ -160,6 +167,7 @@ struct Inner {
     seqs: SeqTracker,
     specs: RwLock<HashMap<TableName, TableSpec>>,
     codecs: Codecs,
+    map_epoch: AtomicU64,
 }
 
 fn table_name(name: &str) -> Result<TableName, ClientError> {
@@ -203,6 +211,7 @@ impl PsClient {
             seqs: SeqTracker::default(),
             specs: RwLock::new(HashMap::new()),
             codecs: Codecs::new(cfg.codec, client_id),
+            map_epoch: AtomicU64::new(cfg.map_epoch),
             cfg,
         };
         let n = this.shards.len();
@@ -428,6 +437,7 @@ impl PsClient {
         first_chunk: u64,
         grad: &[f32],
     ) -> Result<PushSummary, ClientError> {
+        let map_epoch = self.map_epoch();
         let (spec, shape) = self.dense_spec(name).await?;
         // The chunks the gradient covers; it must end on a chunk boundary.
         let mut last = first_chunk;
@@ -517,7 +527,7 @@ impl PsClient {
                     let req = pb::PushDenseRequest {
                         table: table.clone(),
                         push_id: Some(push_id),
-                        map_epoch: 0,
+                        map_epoch,
                         slices: slices.clone(),
                     };
                     async move { c.push_dense(req).await }
@@ -588,6 +598,7 @@ impl PsClient {
         name: &str,
         chunks: Range<u64>,
     ) -> Result<Vec<f32>, ClientError> {
+        let map_epoch = self.map_epoch();
         let (spec, shape) = self.dense_spec(name).await?;
         if chunks.end > shape.num_chunks() || chunks.start > chunks.end {
             return Err(ClientError::InvalidInput(format!(
@@ -614,7 +625,7 @@ impl PsClient {
                     table: table.clone(),
                     chunks,
                     accept: ps_core::payload::encoding_to_pb(accept) as i32,
-                    map_epoch: 0,
+                    map_epoch,
                     delta: None,
                 };
                 self.inner.call(shard, move |mut c| {
@@ -655,6 +666,7 @@ impl PsClient {
         ratio: f64,
         replica: &tokio::sync::Mutex<compress::DeltaReplica>,
     ) -> Result<Vec<f32>, ClientError> {
+        let map_epoch = self.map_epoch();
         let mut rep = replica.lock().await;
         if rep.values.len() as u64 != shape.len() {
             rep.values = vec![0.0; shape.len() as usize];
@@ -680,7 +692,7 @@ impl PsClient {
                     table: table.clone(),
                     chunks,
                     accept: pb::Encoding::F32 as i32,
-                    map_epoch: 0,
+                    map_epoch,
                     delta: Some(pb::DeltaPull {
                         client_id,
                         ratio,
@@ -747,6 +759,7 @@ impl PsClient {
         ids: &[u64],
         grads: &[f32],
     ) -> Result<PushSummary, ClientError> {
+        let map_epoch = self.map_epoch();
         let (spec, dim) = self.sparse_dim(name).await?;
         if grads.len() != ids.len() * dim {
             return Err(ClientError::InvalidInput(format!(
@@ -798,7 +811,7 @@ impl PsClient {
                 let req = pb::PushSparseRequest {
                     table: table.clone(),
                     push_id: Some(push_id),
-                    map_epoch: 0,
+                    map_epoch,
                     ids: ids.clone(),
                     values: Some(values.clone()),
                 };
@@ -825,6 +838,7 @@ impl PsClient {
 
     /// Pulls rows `ids` of sparse table `name`: `ids.len() * dim` values, row after row.
     pub async fn pull_sparse(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
+        let map_epoch = self.map_epoch();
         let (spec, dim) = self.sparse_dim(name).await?;
         let codec = self.inner.codecs.get(&spec.name).0;
         let accept = codec.pull;
@@ -837,7 +851,7 @@ impl PsClient {
                 table: table.clone(),
                 ids: positions.iter().map(|&p| ids[p]).collect(),
                 accept: ps_core::payload::encoding_to_pb(accept) as i32,
-                map_epoch: 0,
+                map_epoch,
             };
             let call = self.inner.call(shard, move |mut c| {
                 let req = req.clone();
@@ -921,6 +935,39 @@ impl PsClient {
                 sequence: a.sequence,
             })
             .collect())
+    }
+
+    /// Restores checkpoint `name` on every shard, replacing each shard's whole state (pushes
+    /// acknowledged after the checkpoint are discarded). The scheduler's resume calls this with
+    /// the workers held; calling it under running training loses their recent updates.
+    pub async fn restore_checkpoint(&self, names: &[String]) -> Result<(), ClientError> {
+        if names.len() != self.inner.shards.len() {
+            return Err(ClientError::InvalidInput(format!(
+                "{} checkpoint names for {} shards",
+                names.len(),
+                self.inner.shards.len()
+            )));
+        }
+        futures::future::try_join_all(names.iter().enumerate().map(|(s, name)| {
+            let req = pb::RestoreCheckpointRequest { name: name.clone() };
+            self.inner.call(s, move |mut c| {
+                let req = req.clone();
+                async move { c.restore_checkpoint(req).await }
+            })
+        }))
+        .await?;
+        Ok(())
+    }
+
+    /// The shard-map epoch this client routes with (0 when no scheduler manages the map).
+    pub fn map_epoch(&self) -> u64 {
+        self.inner.map_epoch.load(Ordering::Relaxed)
+    }
+
+    /// Routes with map `epoch` from now on (after the scheduler published a new map with the
+    /// same endpoints; a map with other endpoints needs a new client).
+    pub fn set_map_epoch(&self, epoch: u64) {
+        self.inner.map_epoch.store(epoch, Ordering::Relaxed);
     }
 
     /// Every shard's statistics, in shard order.

@@ -9,6 +9,7 @@
 //!   `ps-codec`'s).
 //! - [`partition`]: the partitioner that clients and shards use identically.
 //! - [`request`]: validated push and pull requests.
+//! - [`job`]: job specs (tables, consistency model, workers, checkpoints), from the wire or TOML.
 //! - [`hash`]: the stable hash functions the partitioner and initializers are built on.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -21,12 +22,14 @@ compile_error!(
 pub mod error;
 pub mod hash;
 pub mod init;
+pub mod job;
 pub mod partition;
 pub mod payload;
 pub mod request;
 pub mod table;
 
 pub use error::ValidationError;
+pub use job::{Consistency, JobSpec, JobTable};
 pub use partition::Partitioner;
 pub use payload::{Encoding, Payload};
 pub use request::{PullDense, PullSparse, PushDense, PushId, PushSparse};

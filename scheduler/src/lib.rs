@@ -1,0 +1,65 @@
+//! The scheduler: makes a set of shards and workers one training job.
+//!
+//! - [`policy`]: which worker may start which clock (BSP / SSP / ASP, one rule), pure.
+//! - [`assign`]: data shards and batch sizes, pure.
+//! - [`state`]: jobs, members, leases, the shard map; plain data behind one lock.
+//! - [`core`]: the behaviour: long-polled clock grants, leases, checkpoints, resume, the
+//!   durable state file.
+//! - [`service`]: the `ps.v1.Scheduler` gRPC edge.
+//!
+//! The binary only parses flags and calls [`run`]; tests and the bench call the same function.
+
+#![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod assign;
+pub mod config;
+pub mod core;
+pub mod metrics;
+pub mod policy;
+pub mod service;
+pub mod state;
+
+use ps_proto::v1::scheduler_server::SchedulerServer;
+use ps_runtime::grpc::GrpcOptions;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+pub use crate::core::{Scheduler, SchedulerConfig};
+pub use config::{Args, Config};
+
+/// Runs the scheduler on `listener` (and `/metrics` on `metrics_listener`) until `shutdown`
+/// is cancelled; the state file is written before it returns.
+pub async fn run(
+    cfg: Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: CancellationToken,
+) -> anyhow::Result<()> {
+    let handle = ps_runtime::metrics::install("scheduler")?;
+    metrics::describe();
+    if let Some(l) = metrics_listener {
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = ps_runtime::metrics::serve(l, handle, token).await {
+                tracing::error!(error = %e, "metrics endpoint failed");
+            }
+        });
+    }
+    let sched = {
+        let c = cfg.scheduler.clone();
+        let token = shutdown.clone();
+        tokio::task::spawn_blocking(move || Scheduler::open(c, token))
+    }
+    .await??;
+    tracing::info!(data_dir = ?cfg.scheduler.data_dir, lease_ms = cfg.scheduler.lease.as_millis() as u64, "scheduler ready");
+    let svc = SchedulerServer::new(service::SchedulerService::new(sched.clone()));
+    let opts = GrpcOptions {
+        descriptor_sets: vec![ps_proto::FILE_DESCRIPTOR_SET],
+        drain: cfg.drain,
+        grace: std::time::Duration::from_secs(5),
+    };
+    let served = ps_runtime::grpc::serve(listener, svc, opts, shutdown).await;
+    // After the server has drained, so that the last write sees every call.
+    sched.close().await;
+    served
+}

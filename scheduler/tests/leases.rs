@@ -1,0 +1,104 @@
+//! Leases, expiry and late joins with paused time: the scheduler's behaviour without gRPC.
+
+use ps_core::JobSpec;
+use ps_scheduler::state::SchedError;
+use ps_scheduler::{Scheduler, SchedulerConfig};
+use tokio::time::{Duration, advance};
+use tokio_util::sync::CancellationToken;
+
+const JOB: &str = r#"
+name = "leases"
+consistency = "bsp"
+num_shards = 1
+num_workers = 2
+lease_ms = 1000
+"#;
+
+fn live(s: &Scheduler) -> Vec<(u64, bool, Vec<u32>)> {
+    s.with_job("leases", |j, _| {
+        j.workers
+            .iter()
+            .map(|(id, w)| (*id, w.live, if w.live { j.data.of(*id) } else { vec![] }))
+            .collect()
+    })
+    .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_expired_worker_is_removed_and_a_late_joiner_is_served() {
+    let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
+    s.submit(JobSpec::from_toml(JOB).unwrap()).await.unwrap();
+    let (a, _) = s.join("leases", "a", 0).unwrap();
+    let (b, _) = s.join("leases", "b", 0).unwrap();
+    assert_eq!(live(&s).iter().map(|w| w.2.len()).sum::<usize>(), 2);
+
+    // `a` heartbeats, `b` does not: after one lease `b` is gone and `a` reads both parts.
+    for _ in 0..6 {
+        advance(Duration::from_millis(250)).await;
+        s.worker_heartbeat("leases", a.worker_id).unwrap();
+        tokio::task::yield_now().await;
+    }
+    let ws = live(&s);
+    assert_eq!(ws[0], (a.worker_id, true, vec![0, 1]));
+    assert!(!ws[1].1, "b's lease expired");
+    let e = s.worker_heartbeat("leases", b.worker_id).unwrap_err();
+    assert!(matches!(e, SchedError::NotFound(_)), "{e}");
+
+    // A late joiner starts at the minimum clock and takes a part back.
+    let (c, _) = s.join("leases", "c", 0).unwrap();
+    assert_eq!(c.clock, a.clock);
+    assert_eq!(c.assignment.data_shards.len(), 1);
+    // `b` may come back under its old id.
+    let (b2, _) = s.join("leases", "b", b.worker_id).unwrap();
+    assert_eq!(b2.worker_id, b.worker_id);
+    assert_eq!(live(&s).iter().filter(|w| w.1).count(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn bad_calls_change_nothing() {
+    let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
+    assert!(matches!(
+        s.join("nope", "a", 0),
+        Err(SchedError::NotFound(_))
+    ));
+    let spec = JobSpec::from_toml(JOB).unwrap();
+    s.submit(spec.clone()).await.unwrap();
+    s.submit(spec.clone())
+        .await
+        .expect("the same spec again is fine");
+    let mut other = spec.clone();
+    other.num_workers = 3;
+    assert!(matches!(
+        s.submit(other).await,
+        Err(SchedError::AlreadyExists(_))
+    ));
+    let (a, _) = s.join("leases", "a", 0).unwrap();
+    let report = ps_scheduler::state::ClockReport {
+        finished: Some(7),
+        ..Default::default()
+    };
+    let e = s
+        .advance(
+            "leases",
+            a.worker_id,
+            report,
+            Some(Duration::from_millis(10)),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(e, SchedError::FailedPrecondition(ref m) if m.contains("out of order")),
+        "{e}"
+    );
+    assert_eq!(
+        s.with_job("leases", |j, _| j.clocks.clock(a.worker_id))
+            .unwrap(),
+        Some(0),
+        "the refused report changed nothing"
+    );
+    let report = ps_scheduler::state::ClockReport::default();
+    assert!(matches!(
+        s.advance("leases", 999, report, None).await,
+        Err(SchedError::NotFound(_))
+    ));
+}

@@ -1,0 +1,458 @@
+//! The scheduler's client: job control ([`SchedulerClient`]) and a worker's membership in a job
+//! ([`WorkerSession`]: join, lease renewal, clock reports under the job's consistency model).
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), ps_client::ClientError> {
+//! use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
+//!
+//! let sched = SchedulerClient::connect("http://127.0.0.1:7000").await?;
+//! let mut me = WorkerSession::join(sched, "fmnist", "worker-a").await?;
+//! let ps = me.ps_client(Default::default()).await?;
+//! let mut grant = me.start().await?;
+//! while !grant.stop {
+//!     // pull, compute clock `grant.clock` on `grant.data_shards`, push (awaited), then:
+//!     grant = me.advance(ClockDone { examples: 128, ..Default::default() }).await?;
+//! }
+//! # let _ = ps; Ok(()) }
+//! ```
+//!
+//! Status types are the `ps.v1` messages themselves (`pb::JobStatus`, `pb::JobCheckpoint`): they
+//! are read-only views, printed by `psctl` and inspected by tests.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use ps_core::JobSpec;
+use ps_proto::v1 as pb;
+use ps_proto::v1::scheduler_client::SchedulerClient as Raw;
+use tokio::task::JoinHandle;
+use tonic::transport::{Channel, Endpoint};
+
+use crate::{ClientConfig, ClientError, PsClient};
+
+fn status_err(endpoint: &str, s: tonic::Status) -> ClientError {
+    ClientError::Scheduler {
+        endpoint: endpoint.to_owned(),
+        code: s.code(),
+        message: s.message().to_owned(),
+    }
+}
+
+/// A connection to the scheduler. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct SchedulerClient {
+    endpoint: String,
+    raw: Raw<Channel>,
+    /// Attempts for a call answered `unavailable` (a scheduler restarting).
+    max_attempts: u32,
+}
+
+impl SchedulerClient {
+    /// Connects lazily: the first call reports an unreachable scheduler as `unavailable`.
+    pub async fn connect(endpoint: &str) -> Result<Self, ClientError> {
+        let channel = Endpoint::from_shared(endpoint.to_owned())
+            .map_err(|e| ClientError::InvalidInput(format!("bad scheduler URL `{endpoint}`: {e}")))?
+            .connect_timeout(Duration::from_secs(3))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        Ok(Self {
+            endpoint: endpoint.to_owned(),
+            raw: Raw::new(channel)
+                .max_decoding_message_size(256 << 20)
+                .max_encoding_message_size(256 << 20),
+            max_attempts: 1,
+        })
+    }
+
+    /// Retries calls answered `unavailable` up to `attempts` times with backoff (workers ride
+    /// out a scheduler restart this way; `psctl` does not wait).
+    #[must_use]
+    pub fn with_retries(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    async fn call<T, F, Fut>(&self, f: F) -> Result<T, ClientError>
+    where
+        F: Fn(Raw<Channel>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut backoff = Duration::from_millis(50);
+        let mut attempt = 1;
+        loop {
+            match f(self.raw.clone()).await {
+                Ok(r) => return Ok(r.into_inner()),
+                Err(s) if s.code() == tonic::Code::Unavailable && attempt < self.max_attempts => {
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(1));
+                    attempt += 1;
+                }
+                Err(s) => return Err(status_err(&self.endpoint, s)),
+            }
+        }
+    }
+
+    pub async fn submit(&self, spec: &JobSpec) -> Result<pb::JobStatus, ClientError> {
+        let req = pb::SubmitJobRequest {
+            spec: Some(spec.into()),
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.submit_job(req).await }
+        })
+        .await
+    }
+
+    pub async fn job(&self, job: &str) -> Result<pb::JobStatus, ClientError> {
+        let job = job.to_owned();
+        self.call(|mut c| {
+            let job = job.clone();
+            async move { c.get_job(pb::GetJobRequest { job }).await }
+        })
+        .await
+    }
+
+    pub async fn jobs(&self) -> Result<Vec<pb::JobStatus>, ClientError> {
+        Ok(self
+            .call(|mut c| async move { c.list_jobs(pb::ListJobsRequest {}).await })
+            .await?
+            .jobs)
+    }
+
+    pub async fn cancel(&self, job: &str) -> Result<pb::JobStatus, ClientError> {
+        let job = job.to_owned();
+        self.call(|mut c| {
+            let job = job.clone();
+            async move { c.cancel_job(pb::CancelJobRequest { job }).await }
+        })
+        .await
+    }
+
+    pub async fn shard_map(&self) -> Result<pb::ShardMap, ClientError> {
+        self.call(|mut c| async move { c.get_shard_map(pb::GetShardMapRequest {}).await })
+            .await
+    }
+
+    /// Takes a coordinated checkpoint now and returns its manifest.
+    pub async fn checkpoint(&self, job: &str) -> Result<pb::JobCheckpoint, ClientError> {
+        let job = job.to_owned();
+        self.call(|mut c| {
+            let job = job.clone();
+            async move { c.checkpoint_job(pb::CheckpointJobRequest { job }).await }
+        })
+        .await
+    }
+
+    pub async fn checkpoints(&self, job: &str) -> Result<Vec<pb::JobCheckpoint>, ClientError> {
+        let job = job.to_owned();
+        Ok(self
+            .call(|mut c| {
+                let job = job.clone();
+                async move { c.list_checkpoints(pb::ListCheckpointsRequest { job }).await }
+            })
+            .await?
+            .checkpoints)
+    }
+
+    /// Restores the job to checkpoint `name` (the latest when `None`).
+    pub async fn resume(
+        &self,
+        job: &str,
+        name: Option<&str>,
+    ) -> Result<pb::JobStatus, ClientError> {
+        let req = pb::ResumeJobRequest {
+            job: job.to_owned(),
+            checkpoint: name.unwrap_or_default().to_owned(),
+        };
+        self.call(|mut c| {
+            let req = req.clone();
+            async move { c.resume_job(req).await }
+        })
+        .await
+    }
+
+    /// The raw generated client, for calls this wrapper does not cover.
+    pub fn raw(&self) -> Raw<Channel> {
+        self.raw.clone()
+    }
+}
+
+/// What a finished clock did, for the scheduler's throughput and staleness figures.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ClockDone {
+    pub examples: u64,
+    /// Compute time of the clock; measured by the session when `None`.
+    pub compute: Option<Duration>,
+    /// Time from the pull the clock trained on to its push being acknowledged.
+    pub param_age: Duration,
+}
+
+/// Permission to compute one clock.
+#[derive(Debug, Clone)]
+pub struct Grant {
+    pub clock: u64,
+    pub min_clock: u64,
+    /// The data shards to read this clock, of `num_data_shards`.
+    pub data_shards: Vec<u32>,
+    pub num_data_shards: u32,
+    /// Examples to compute this clock (0: the job sets no global batch).
+    pub batch_size: u64,
+    /// The job has ended (or this worker has finished `max_clocks`): stop training.
+    pub stop: bool,
+    /// Set when a resume moved this worker back to an earlier clock.
+    pub restarted: bool,
+}
+
+/// A worker's membership in a job: a lease kept alive by a background task, and clock reports
+/// that wait as the job's consistency model says.
+#[derive(Debug)]
+pub struct WorkerSession {
+    sched: SchedulerClient,
+    job: String,
+    name: String,
+    worker_id: u64,
+    spec: JobSpec,
+    map: pb::ShardMap,
+    epoch: Arc<AtomicU64>,
+    clock: u64,
+    started: Instant,
+    heartbeat: JoinHandle<()>,
+}
+
+impl Drop for WorkerSession {
+    fn drop(&mut self) {
+        self.heartbeat.abort();
+    }
+}
+
+fn grant_of(r: &pb::AdvanceClockResponse, expected: u64) -> Grant {
+    let a = r.assignment.clone().unwrap_or_default();
+    Grant {
+        clock: r.clock,
+        min_clock: r.min_clock,
+        data_shards: a.data_shards,
+        num_data_shards: a.num_data_shards,
+        batch_size: a.batch_size,
+        stop: r.stop,
+        restarted: r.clock != expected,
+    }
+}
+
+impl WorkerSession {
+    /// Joins job `job` as a new member named `name`.
+    pub async fn join(sched: SchedulerClient, job: &str, name: &str) -> Result<Self, ClientError> {
+        Self::rejoin(sched, job, name, 0).await
+    }
+
+    /// Joins job `job` again under `worker_id` (0 = a new member).
+    pub async fn rejoin(
+        sched: SchedulerClient,
+        job: &str,
+        name: &str,
+        worker_id: u64,
+    ) -> Result<Self, ClientError> {
+        let sched = if sched.max_attempts == 1 {
+            sched.with_retries(40)
+        } else {
+            sched
+        };
+        let r = Self::join_call(&sched, job, name, worker_id).await?;
+        let spec = r
+            .spec
+            .clone()
+            .ok_or_else(|| ClientError::Protocol("JoinJob answered without a spec".into()))
+            .and_then(|s| JobSpec::try_from(s).map_err(|e| ClientError::Protocol(e.to_string())))?;
+        let map = r.shard_map.clone().unwrap_or_default();
+        let epoch = Arc::new(AtomicU64::new(map.epoch));
+        let lease = Duration::from_millis(r.lease_ms.max(100));
+        let heartbeat = tokio::spawn(heartbeat(
+            sched.clone(),
+            job.to_owned(),
+            r.worker_id,
+            lease,
+            epoch.clone(),
+        ));
+        Ok(Self {
+            sched,
+            job: job.to_owned(),
+            name: name.to_owned(),
+            worker_id: r.worker_id,
+            spec,
+            map,
+            epoch,
+            clock: r.clock,
+            started: Instant::now(),
+            heartbeat,
+        })
+    }
+
+    async fn join_call(
+        sched: &SchedulerClient,
+        job: &str,
+        name: &str,
+        worker_id: u64,
+    ) -> Result<pb::JoinJobResponse, ClientError> {
+        let req = pb::JoinJobRequest {
+            job: job.to_owned(),
+            worker_name: name.to_owned(),
+            worker_id,
+        };
+        sched
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.join_job(req).await }
+            })
+            .await
+    }
+
+    pub fn worker_id(&self) -> u64 {
+        self.worker_id
+    }
+
+    pub fn spec(&self) -> &JobSpec {
+        &self.spec
+    }
+
+    /// The shard map as of the join.
+    pub fn shard_map(&self) -> &pb::ShardMap {
+        &self.map
+    }
+
+    /// The newest shard-map epoch this session has heard of.
+    pub fn map_epoch(&self) -> u64 {
+        self.epoch.load(Ordering::Relaxed)
+    }
+
+    /// The clock this worker computes next.
+    pub fn clock(&self) -> u64 {
+        self.clock
+    }
+
+    /// A client for the job's shards, routed with the session's map epoch and carrying the
+    /// job's table codecs.
+    pub async fn ps_client(&self, mut cfg: ClientConfig) -> Result<PsClient, ClientError> {
+        if !self.map.complete {
+            return Err(ClientError::Topology(format!(
+                "job `{}`: not every shard is registered yet",
+                self.job
+            )));
+        }
+        cfg.endpoints = self.map.endpoints.clone();
+        cfg.map_epoch = self.map_epoch();
+        let ps = PsClient::connect(cfg).await?;
+        for t in &self.spec.tables {
+            let codec = crate::TableCodec {
+                push: ps_codec::CompressOptions::new(t.codec),
+                ..Default::default()
+            };
+            ps.set_table_codec(t.spec.name.as_str(), codec)?;
+        }
+        Ok(ps)
+    }
+
+    /// Waits for permission to compute the first clock after joining.
+    pub async fn start(&mut self) -> Result<Grant, ClientError> {
+        self.report(None, ClockDone::default()).await
+    }
+
+    /// Reports the current clock done (every push of it acknowledged) and waits for the next.
+    pub async fn advance(&mut self, done: ClockDone) -> Result<Grant, ClientError> {
+        self.report(Some(self.clock), done).await
+    }
+
+    async fn report(
+        &mut self,
+        finished: Option<u64>,
+        done: ClockDone,
+    ) -> Result<Grant, ClientError> {
+        let compute = done.compute.unwrap_or_else(|| self.started.elapsed());
+        let expected = finished.map_or(self.clock, |c| c + 1);
+        let mut req = pb::AdvanceClockRequest {
+            job: self.job.clone(),
+            worker_id: self.worker_id,
+            finished,
+            examples: done.examples,
+            compute_us: compute.as_micros() as u64,
+            param_age_us: done.param_age.as_micros() as u64,
+            wait_ms: 0,
+        };
+        loop {
+            let r = self
+                .sched
+                .call(|mut c| {
+                    let req = req.clone();
+                    async move { c.advance_clock(req).await }
+                })
+                .await;
+            let r = match r {
+                Ok(r) => r,
+                Err(e) if e.code() == Some(tonic::Code::NotFound) => {
+                    // The lease expired (or the scheduler lost it): take our place again.
+                    tracing::warn!(worker = self.worker_id, "membership lost; joining again");
+                    let j =
+                        Self::join_call(&self.sched, &self.job, &self.name, self.worker_id).await?;
+                    self.clock = j.clock;
+                    req.finished = None;
+                    continue;
+                }
+                Err(e) => return Err(e),
+            };
+            self.epoch.fetch_max(r.map_epoch, Ordering::Relaxed);
+            if r.ready || r.stop {
+                let g = grant_of(&r, expected);
+                self.clock = g.clock;
+                self.started = Instant::now();
+                return Ok(g);
+            }
+            // Still held: ask again without repeating the report's figures.
+            req.examples = 0;
+            req.compute_us = 0;
+            req.param_age_us = 0;
+        }
+    }
+
+    /// Leaves the job for good; its data shards go to the others at once.
+    pub async fn leave(self) -> Result<(), ClientError> {
+        self.heartbeat.abort();
+        let req = pb::LeaveJobRequest {
+            job: self.job.clone(),
+            worker_id: self.worker_id,
+        };
+        self.sched
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.leave_job(req).await }
+            })
+            .await?;
+        Ok(())
+    }
+}
+
+async fn heartbeat(
+    sched: SchedulerClient,
+    job: String,
+    worker_id: u64,
+    lease: Duration,
+    epoch: Arc<AtomicU64>,
+) {
+    loop {
+        tokio::time::sleep(lease / 3).await;
+        let req = pb::WorkerHeartbeatRequest {
+            job: job.clone(),
+            worker_id,
+        };
+        match sched.raw().worker_heartbeat(req).await {
+            Ok(r) => {
+                epoch.fetch_max(r.into_inner().map_epoch, Ordering::Relaxed);
+            }
+            // The next clock report joins again (and learns the clock it restarts at).
+            Err(s) if s.code() == tonic::Code::NotFound => {}
+            Err(s) => tracing::debug!(worker_id, error = s.message(), "heartbeat failed"),
+        }
+    }
+}

@@ -1,0 +1,539 @@
+//! A real scheduler with real `ps-server` child processes registered with it, and workers
+//! (test clients on the SDK) under BSP, SSP(2) and ASP: staleness bounds observed in the
+//! parameters themselves, a worker killed and a worker joining late, a scheduler restart, a
+//! coordinated checkpoint and resume, and a stale shard-map epoch.
+//!
+//! Needs the workspace's binaries (`cargo build --release` builds `ps-server` next to the test).
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
+use ps_client::{ClientConfig, PsClient};
+use ps_core::JobSpec;
+use ps_scheduler::Config;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+/// `target/<profile>/<name>`, next to this test's own executable.
+fn bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("test executable");
+    let dir = exe.parent().and_then(Path::parent).expect("target dir");
+    let p = dir.join(name);
+    assert!(
+        p.exists(),
+        "{} is missing: build the workspace first (cargo build --release --workspace)",
+        p.display()
+    );
+    p
+}
+
+struct Shard(Child);
+
+impl Drop for Shard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_shard(data: &Path, index: u32, n: u32, scheduler: &str) -> Shard {
+    let mut child = Command::new(bin("ps-server"))
+        .args([
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ])
+        .args([
+            "--shard-index",
+            &index.to_string(),
+            "--num-shards",
+            &n.to_string(),
+        ])
+        .args(["--scheduler", scheduler])
+        .env("RUST_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("spawn ps-server");
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            eprintln!("[shard {index}] {line}");
+        }
+    });
+    Shard(child)
+}
+
+struct Sched {
+    url: String,
+    addr: std::net::SocketAddr,
+    data: PathBuf,
+    stop: CancellationToken,
+    task: JoinHandle<anyhow::Result<()>>,
+}
+
+async fn start_scheduler(data: &Path, addr: Option<std::net::SocketAddr>) -> Sched {
+    let mut cfg = Config::local(Some(data.to_owned()));
+    cfg.scheduler.lease = Duration::from_millis(1500);
+    cfg.scheduler.tick = Duration::from_millis(50);
+    let listener = TcpListener::bind(addr.unwrap_or(([127, 0, 0, 1], 0).into()))
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().unwrap();
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(ps_scheduler::run(cfg, listener, None, stop.clone()));
+    Sched {
+        url: format!("http://{addr}"),
+        addr,
+        data: data.to_owned(),
+        stop,
+        task,
+    }
+}
+
+impl Sched {
+    async fn restart(self) -> Sched {
+        self.stop.cancel();
+        self.task.await.unwrap().unwrap();
+        start_scheduler(&self.data, Some(self.addr)).await
+    }
+}
+
+/// A scheduler and `n` shards registered with it.
+struct Cluster {
+    sched: Sched,
+    _shards: Vec<Shard>,
+    _dir: tempfile::TempDir,
+}
+
+async fn cluster(n: u32) -> Cluster {
+    let dir = tempfile::tempdir().unwrap();
+    let sched = start_scheduler(&dir.path().join("scheduler"), None).await;
+    let shards = (0..n)
+        .map(|i| spawn_shard(&dir.path().join(format!("shard-{i}")), i, n, &sched.url))
+        .collect();
+    let c = SchedulerClient::connect(&sched.url).await.unwrap();
+    for _ in 0..300 {
+        if c.shard_map().await.is_ok_and(|m| m.complete) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(c.shard_map().await.unwrap().complete, "shards registered");
+    Cluster {
+        sched,
+        _shards: shards,
+        _dir: dir,
+    }
+}
+
+fn job(name: &str, consistency: &str, workers: u32, extra: &str) -> JobSpec {
+    JobSpec::from_toml(&format!(
+        r#"
+name = "{name}"
+consistency = "{consistency}"
+staleness = {s}
+num_shards = 2
+num_workers = {workers}
+lease_ms = 1500
+{extra}
+
+[[tables]]
+name = "{name}/progress"
+shape = [{workers}]
+optimizer = "sgd"
+learning_rate = 1.0
+"#,
+        s = if consistency == "ssp" { 2 } else { 0 }
+    ))
+    .unwrap()
+}
+
+fn client_cfg() -> ClientConfig {
+    let mut c = ClientConfig::new(Vec::<String>::new());
+    c.max_attempts = 60;
+    c.max_backoff = Duration::from_millis(300);
+    c
+}
+
+/// What the workers saw: per clock start, the progress of every worker in the parameters.
+type Seen = Arc<Mutex<Vec<(usize, u64, Vec<f32>)>>>;
+
+/// A worker: each clock it pulls the progress table, records it, pushes +1 at its own index
+/// (after `delay`), and reports the clock. Runs `clocks` clocks, or until told to stop.
+async fn worker(
+    url: String,
+    job: String,
+    index: usize,
+    clocks: u64,
+    delay: Duration,
+    seen: Seen,
+) -> anyhow::Result<u64> {
+    let sched = SchedulerClient::connect(&url).await?;
+    let mut me = WorkerSession::join(sched, &job, &format!("w{index}")).await?;
+    let ps = me.ps_client(client_cfg()).await?;
+    let table = format!("{job}/progress");
+    let n = me.spec().num_workers as usize;
+    let mut g = me.start().await?;
+    let mut done = 0;
+    while !g.stop && done < clocks {
+        let params = ps.pull_dense(&table).await?;
+        seen.lock().push((index, g.clock, params));
+        tokio::time::sleep(delay).await;
+        let mut grad = vec![0.0; n];
+        grad[index] = -1.0;
+        ps.push_dense(&table, &grad).await?;
+        done += 1;
+        g = me
+            .advance(ClockDone {
+                examples: 10,
+                ..Default::default()
+            })
+            .await?;
+    }
+    Ok(g.clock)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn staleness_stays_within_the_bound_under_bsp_ssp_and_asp() {
+    let c = cluster(2).await;
+    let sched = SchedulerClient::connect(&c.sched.url).await.unwrap();
+    const W: usize = 3;
+    const CLOCKS: u64 = 12;
+    for (name, model, bound) in [
+        ("bsp", "bsp", Some(0u64)),
+        ("ssp", "ssp", Some(2)),
+        ("asp", "asp", None),
+    ] {
+        sched.submit(&job(name, model, W as u32, "")).await.unwrap();
+        let seen: Seen = Arc::default();
+        let tasks: Vec<_> = (0..W)
+            .map(|i| {
+                // Worker 0 is slow.
+                let delay = Duration::from_millis(if i == 0 { 40 } else { 1 });
+                tokio::spawn(worker(
+                    c.sched.url.clone(),
+                    name.into(),
+                    i,
+                    CLOCKS,
+                    delay,
+                    seen.clone(),
+                ))
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap().unwrap();
+        }
+        let seen = std::mem::take(&mut *seen.lock());
+        assert_eq!(seen.len(), W * CLOCKS as usize);
+        let mut max_gap = 0;
+        for (w, clock, params) in seen.iter() {
+            for (o, p) in params.iter().enumerate() {
+                // The parameters hold every update the policy promises: each other worker has
+                // finished at least clock - s clocks.
+                let progress = *p as u64;
+                if let Some(s) = bound {
+                    assert!(
+                        progress + s >= *clock,
+                        "{name}: worker {w} started clock {clock} with worker {o} at {progress}"
+                    );
+                }
+                max_gap = max_gap.max(clock.saturating_sub(progress));
+            }
+        }
+        let status = sched.job(name).await.unwrap();
+        let st = status.staleness.unwrap();
+        eprintln!(
+            "{name}: max gap seen {max_gap}, scheduler max gap {}, wait total {:.0} ms",
+            st.max_gap, st.wait_ms_total
+        );
+        match bound {
+            Some(s) => assert!(
+                st.max_gap <= s,
+                "{name}: scheduler measured gap {} > {s}",
+                st.max_gap
+            ),
+            None => assert!(
+                max_gap > 2,
+                "ASP never held the fast workers back (gap {max_gap})"
+            ),
+        }
+        assert_eq!(
+            st.advances as usize,
+            W * (CLOCKS as usize + 1),
+            "{name}: every grant counted"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_worker_is_dropped_and_a_late_joiner_is_served() {
+    let c = cluster(2).await;
+    let sched = SchedulerClient::connect(&c.sched.url).await.unwrap();
+    sched.submit(&job("elastic", "bsp", 2, "")).await.unwrap();
+    let seen: Seen = Arc::default();
+    let survivor = tokio::spawn(worker(
+        c.sched.url.clone(),
+        "elastic".into(),
+        0,
+        u64::MAX,
+        Duration::from_millis(5),
+        seen.clone(),
+    ));
+    let victim = tokio::spawn(worker(
+        c.sched.url.clone(),
+        "elastic".into(),
+        1,
+        1000,
+        Duration::from_millis(5),
+        seen.clone(),
+    ));
+    // Let both run, then kill the victim (its heartbeats stop with it).
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    victim.abort();
+    let killed_at = tokio::time::Instant::now();
+    // Within the lease the survivor proceeds alone and owns both data shards.
+    let mut reassigned = false;
+    for _ in 0..100 {
+        let st = sched.job("elastic").await.unwrap();
+        let live: Vec<_> = st.workers.iter().filter(|w| w.live).collect();
+        if live.len() == 1 && live[0].data_shards == vec![0, 1] {
+            reassigned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        reassigned,
+        "the dead worker's data shard went to the survivor"
+    );
+    assert!(killed_at.elapsed() < Duration::from_secs(5));
+    // A worker joining now starts at the minimum clock, takes a data shard and is served.
+    let late = WorkerSession::join(
+        SchedulerClient::connect(&c.sched.url).await.unwrap(),
+        "elastic",
+        "late",
+    )
+    .await
+    .unwrap();
+    let min = sched.job("elastic").await.unwrap().min_clock;
+    assert!(late.clock() >= min.saturating_sub(1));
+    let mut late = late;
+    let g = tokio::time::timeout(Duration::from_secs(10), late.start())
+        .await
+        .expect("served")
+        .unwrap();
+    assert_eq!(g.data_shards.len(), 1, "{g:?}");
+    late.leave().await.unwrap();
+    assert!(
+        !survivor.is_finished(),
+        "the survivor trained on: {:?}",
+        seen.lock().last()
+    );
+    survivor.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checkpoint_resume_and_scheduler_restart() {
+    let c = cluster(2).await;
+    let mut sched_proc = c.sched;
+    let sched = SchedulerClient::connect(&sched_proc.url).await.unwrap();
+    sched.submit(&job("ckpt", "bsp", 2, "")).await.unwrap();
+    let seen: Seen = Arc::default();
+    let run = |i: usize, url: String, seen: Seen| {
+        tokio::spawn(async move {
+            let sched = SchedulerClient::connect(&url).await?;
+            let mut me = WorkerSession::join(sched, "ckpt", &format!("w{i}")).await?;
+            let ps = me.ps_client(client_cfg()).await?;
+            let mut g = me.start().await?;
+            let mut restarted = 0;
+            let mut after_restart = 0;
+            // Until three clocks after the resume restarted this worker.
+            while !g.stop && after_restart < 3 && g.clock < 5000 {
+                let params = ps.pull_dense("ckpt/progress").await?;
+                seen.lock().push((i, g.clock, params));
+                tokio::time::sleep(Duration::from_millis(15)).await;
+                let mut grad = vec![0.0; 2];
+                grad[i] = -1.0;
+                ps.push_dense("ckpt/progress", &grad).await?;
+                g = me.advance(ClockDone::default()).await?;
+                restarted += u64::from(g.restarted);
+                if restarted > 0 {
+                    after_restart += 1;
+                }
+            }
+            me.leave().await?;
+            anyhow::Ok(restarted)
+        })
+    };
+    let w0 = run(0, sched_proc.url.clone(), seen.clone());
+    let w1 = run(1, sched_proc.url.clone(), seen.clone());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    // A coordinated checkpoint at a clock boundary: every update below its clock, none above.
+    let ckpt = sched.checkpoint("ckpt").await.unwrap();
+    assert!(ckpt.clock > 0);
+    assert_eq!(ckpt.shards.len(), 2);
+    let manifest = sched_proc
+        .data
+        .join("jobs/ckpt/checkpoints")
+        .join(format!("{}.json", ckpt.name));
+    assert!(
+        manifest.exists(),
+        "job manifest written at {}",
+        manifest.display()
+    );
+
+    // The scheduler restarts mid-job; the workers ride it out and the job goes on.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = sched.job("ckpt").await.unwrap().min_clock;
+    sched_proc = sched_proc.restart().await;
+    let sched = SchedulerClient::connect(&sched_proc.url)
+        .await
+        .unwrap()
+        .with_retries(50);
+    let mut after = 0;
+    for _ in 0..100 {
+        after = sched.job("ckpt").await.unwrap().min_clock;
+        if after > before + 3 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        after > before + 3,
+        "clocks advanced after the restart ({before} -> {after})"
+    );
+    assert_eq!(
+        sched.checkpoints("ckpt").await.unwrap().len(),
+        1,
+        "checkpoints survive the restart"
+    );
+
+    // Resume: the shards hold exactly the checkpoint's parameters and the workers restart at
+    // its clock.
+    let st = sched.resume("ckpt", Some(&ckpt.name)).await.unwrap();
+    let map = sched.shard_map().await.unwrap();
+    let mut cfg = client_cfg();
+    cfg.endpoints = map.endpoints.clone();
+    let ps = PsClient::connect(cfg).await.unwrap();
+    let restored = ps.pull_dense("ckpt/progress").await.unwrap();
+    assert_eq!(st.min_clock, ckpt.clock, "{st:?}");
+    // At the boundary each worker had pushed exactly `clock` times; a worker may already have
+    // pushed its first clock after the resume when this pull lands.
+    for v in &restored {
+        assert!(
+            *v as u64 == ckpt.clock || *v as u64 == ckpt.clock + 1,
+            "restored {restored:?}, checkpoint at {}",
+            ckpt.clock
+        );
+    }
+    let restarted = w0.await.unwrap().unwrap() + w1.await.unwrap().unwrap();
+    assert_eq!(
+        restarted, 2,
+        "both workers were restarted at the checkpoint's clock"
+    );
+    let seen = seen.lock();
+    let starts = seen.iter().filter(|(_, c, _)| *c == ckpt.clock).count();
+    assert_eq!(
+        starts, 4,
+        "clock {} was computed twice by each worker",
+        ckpt.clock
+    );
+    for (w, clock, params) in seen.iter() {
+        assert!(
+            params.iter().all(|p| *p as u64 >= *clock),
+            "BSP held after the resume: worker {w} at clock {clock} saw {params:?}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_a_clear_status_and_changes_nothing() {
+    let c = cluster(2).await;
+    let sched = SchedulerClient::connect(&c.sched.url).await.unwrap();
+    let e = sched.job("nope").await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::NotFound));
+    let e = sched.checkpoint("nope").await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::NotFound));
+
+    // Invalid specs, sent raw (the SDK's JobSpec could not even hold them).
+    let good = ps_proto::v1::JobSpec::from(&job("good", "ssp", 2, ""));
+    let mut raw = sched.raw();
+    for (tweak, want) in [
+        (
+            Box::new(|s: &mut ps_proto::v1::JobSpec| s.staleness = -1) as Box<dyn Fn(&mut _)>,
+            "staleness",
+        ),
+        (
+            Box::new(|s: &mut ps_proto::v1::JobSpec| s.num_shards = 0),
+            "num_shards",
+        ),
+        (
+            Box::new(|s: &mut ps_proto::v1::JobSpec| {
+                s.tables[0].spec.as_mut().unwrap().optimizer = None
+            }),
+            "optimizer",
+        ),
+        (
+            Box::new(|s: &mut ps_proto::v1::JobSpec| s.tables[0].codec = "zip".into()),
+            "codec",
+        ),
+    ] {
+        let mut s = good.clone();
+        tweak(&mut s);
+        let e = raw
+            .submit_job(ps_proto::v1::SubmitJobRequest { spec: Some(s) })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+        assert!(
+            e.message().contains(want),
+            "{} should name {want}",
+            e.message()
+        );
+    }
+    assert!(sched.jobs().await.unwrap().is_empty(), "nothing was stored");
+
+    // A stale shard-map epoch is refused by the shards.
+    sched.submit(&job("epochs", "bsp", 1, "")).await.unwrap();
+    let map = sched.shard_map().await.unwrap();
+    assert_eq!(map.epoch, 2, "one epoch per shard address");
+    let mut cfg = client_cfg();
+    cfg.endpoints = map.endpoints.clone();
+    cfg.map_epoch = map.epoch;
+    let ps = PsClient::connect(cfg).await.unwrap();
+    // Shards learn the newest epoch from their next heartbeat.
+    let mut learnt = false;
+    for _ in 0..100 {
+        if ps
+            .create_table(ps_core::TableSpec::dense("epoch-probe", &[4]).unwrap())
+            .await
+            .is_ok()
+            && ps.push_dense("epoch-probe", &[0.0; 4]).await.is_ok()
+        {
+            learnt = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(learnt);
+    ps.set_map_epoch(map.epoch - 1);
+    let e = ps.push_dense("epoch-probe", &[1.0; 4]).await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::FailedPrecondition), "{e}");
+    assert!(e.to_string().contains("stale shard map"), "{e}");
+    ps.set_map_epoch(map.epoch);
+    assert_eq!(
+        ps.pull_dense("epoch-probe").await.unwrap(),
+        vec![0.0; 4],
+        "the refused push changed nothing"
+    );
+}
