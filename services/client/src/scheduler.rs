@@ -3,11 +3,12 @@
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), ps_client::ClientError> {
+//! use ps_client::ClientConfig;
 //! use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
 //!
 //! let sched = SchedulerClient::connect("http://127.0.0.1:7000").await?;
 //! let mut me = WorkerSession::join(sched, "fmnist", "worker-a").await?;
-//! let ps = me.ps_client(Default::default()).await?;
+//! let ps = me.ps_client(ClientConfig::new(Vec::<String>::new())).await?; // endpoints: the job's
 //! let mut grant = me.start().await?;
 //! while !grant.stop {
 //!     // pull, compute clock `grant.clock` on `grant.data_shards`, push (awaited), then:
@@ -334,7 +335,7 @@ impl WorkerSession {
     }
 
     /// A client for the job's shards, routed with the session's map epoch and carrying the
-    /// job's table codecs.
+    /// job's table codecs. `cfg`'s endpoints and epoch are replaced by the job's map.
     pub async fn ps_client(&self, mut cfg: ClientConfig) -> Result<PsClient, ClientError> {
         if !self.map.complete {
             return Err(ClientError::Topology(format!(

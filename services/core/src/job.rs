@@ -572,6 +572,14 @@ seed = 7
     }
 
     #[test]
+    fn the_shipped_job_file_parses() {
+        let spec =
+            JobSpec::from_toml(include_str!("../../../scheduler/jobs/fashion-mnist.toml")).unwrap();
+        assert_eq!(spec.consistency, Consistency::Ssp(2));
+        assert!(spec.balance_batches);
+    }
+
+    #[test]
     fn bad_specs_say_what_is_wrong() {
         let cases = [
             (
