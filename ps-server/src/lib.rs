@@ -41,16 +41,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     cfg.check()?;
-    let handle = ps_runtime::metrics::install("ps-server")?;
+    ps_runtime::metrics::start("ps-server", metrics_listener, &shutdown)?;
     metrics::describe();
-    if let Some(l) = metrics_listener {
-        let token = shutdown.clone();
-        tokio::spawn(async move {
-            if let Err(e) = ps_runtime::metrics::serve(l, handle, token).await {
-                tracing::error!(error = %e, "metrics endpoint failed");
-            }
-        });
-    }
     let map_epoch = Arc::new(AtomicU64::new(0));
     if let Some(url) = cfg.scheduler.clone() {
         let advertise = advertised(&cfg, &listener)?;

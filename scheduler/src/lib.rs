@@ -35,16 +35,8 @@ pub async fn run(
     metrics_listener: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let handle = ps_runtime::metrics::install("scheduler")?;
+    ps_runtime::metrics::start("scheduler", metrics_listener, &shutdown)?;
     metrics::describe();
-    if let Some(l) = metrics_listener {
-        let token = shutdown.clone();
-        tokio::spawn(async move {
-            if let Err(e) = ps_runtime::metrics::serve(l, handle, token).await {
-                tracing::error!(error = %e, "metrics endpoint failed");
-            }
-        });
-    }
     let sched = {
         let c = cfg.scheduler.clone();
         let token = shutdown.clone();

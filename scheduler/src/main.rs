@@ -2,7 +2,6 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use ps_scheduler::{Args, Config};
-use tokio::net::TcpListener;
 
 #[tokio::main]
 async fn main() -> ExitCode {
@@ -19,17 +18,7 @@ async fn main() -> ExitCode {
 
 async fn start(args: Args) -> anyhow::Result<()> {
     let cfg = Config::resolve(args)?;
-    let listener = TcpListener::bind(cfg.listen)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", cfg.listen))?;
-    let metrics = match cfg.metrics_listen {
-        Some(a) => Some(
-            TcpListener::bind(a)
-                .await
-                .map_err(|e| anyhow::anyhow!("cannot listen on {a} for metrics: {e}"))?,
-        ),
-        None => None,
-    };
+    let (listener, metrics) = ps_runtime::metrics::bind(cfg.listen, cfg.metrics_listen).await?;
     let shutdown = ps_runtime::shutdown::on_signals();
     ps_scheduler::run(cfg, listener, metrics, shutdown).await
 }

@@ -62,3 +62,42 @@ pub async fn serve(
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
+
+/// Installs the recorder for `service` and, when a listener is given, serves `/metrics` on it
+/// in the background until `shutdown`: the start of every service's `run`.
+pub fn start(
+    service: &'static str,
+    listener: Option<TcpListener>,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<()> {
+    let handle = install(service)?;
+    if let Some(l) = listener {
+        let token = shutdown.clone();
+        tokio::spawn(async move {
+            if let Err(e) = serve(l, handle, token).await {
+                tracing::error!(error = %e, "metrics endpoint failed");
+            }
+        });
+    }
+    Ok(())
+}
+
+/// Binds a service's gRPC listener and its optional metrics listener, with messages that name
+/// the address.
+pub async fn bind(
+    listen: std::net::SocketAddr,
+    metrics: Option<std::net::SocketAddr>,
+) -> anyhow::Result<(TcpListener, Option<TcpListener>)> {
+    let listener = TcpListener::bind(listen)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {listen}: {e}"))?;
+    let metrics = match metrics {
+        Some(a) => Some(
+            TcpListener::bind(a)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot listen on {a} for metrics: {e}"))?,
+        ),
+        None => None,
+    };
+    Ok((listener, metrics))
+}
