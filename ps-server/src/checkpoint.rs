@@ -3,7 +3,7 @@
 //! before a checkpoint is restored.
 
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -84,12 +84,8 @@ pub fn write_manifest(dir: &Path, mut manifest: Manifest) -> std::io::Result<Man
             Ok(FileEntry { name, bytes, crc32 })
         })
         .collect::<std::io::Result<_>>()?;
-    let tmp = dir.join(format!("{MANIFEST}.tmp"));
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(&serde_json::to_vec_pretty(&manifest).map_err(std::io::Error::other)?)?;
-    f.sync_all()?;
-    fs::rename(&tmp, dir.join(MANIFEST))?;
-    fs::File::open(dir)?.sync_all()?;
+    let bytes = serde_json::to_vec_pretty(&manifest).map_err(std::io::Error::other)?;
+    ps_runtime::config::write_atomic(&dir.join(MANIFEST), &bytes)?;
     Ok(manifest)
 }
 
@@ -184,12 +180,10 @@ pub fn install_generation(
     for f in &manifest.files {
         fs::File::open(gen_dir.join("db").join(&f.name))?.sync_all()?;
     }
-    let tmp = data_dir.join(format!("{CURRENT_DB}.tmp"));
-    let mut f = fs::File::create(&tmp)?;
-    f.write_all(format!("{gen_name}/db\n").as_bytes())?;
-    f.sync_all()?;
-    fs::rename(&tmp, data_dir.join(CURRENT_DB))?;
-    fs::File::open(data_dir)?.sync_all()?;
+    ps_runtime::config::write_atomic(
+        &data_dir.join(CURRENT_DB),
+        format!("{gen_name}/db\n").as_bytes(),
+    )?;
     Ok((gen_dir.join("db"), manifest))
 }
 

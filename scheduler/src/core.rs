@@ -3,7 +3,7 @@
 //! (`service.rs`) only converts messages and calls these methods, so tests can drive them with
 //! paused time.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -93,19 +93,6 @@ fn unix_ms() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as u64)
         .unwrap_or(0)
-}
-
-/// Writes `bytes` to `path` atomically: a temporary file, fsync, rename, fsync of the folder.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir)?;
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 impl Scheduler {
@@ -206,10 +193,12 @@ impl Scheduler {
         let _g = self.inner.save_lock.lock().await;
         let saved = self.snapshot();
         let bytes = serde_json::to_vec(&saved).map_err(|e| SchedError::Internal(e.to_string()))?;
-        tokio::task::spawn_blocking(move || write_atomic(&dir.join(STATE_FILE), &bytes))
-            .await
-            .map_err(|e| SchedError::Internal(e.to_string()))?
-            .map_err(|e| SchedError::Internal(format!("writing the scheduler state: {e}")))
+        tokio::task::spawn_blocking(move || {
+            ps_runtime::config::write_atomic(&dir.join(STATE_FILE), &bytes)
+        })
+        .await
+        .map_err(|e| SchedError::Internal(e.to_string()))?
+        .map_err(|e| SchedError::Internal(format!("writing the scheduler state: {e}")))
     }
 
     // -----------------------------------------------------------------------------------------
@@ -564,16 +553,14 @@ impl Scheduler {
         let result = self.checkpoint_at(job, boundary).await;
         let _ = self.with_job(job, |j, _| {
             j.checkpointing = false;
+            // After a failure the next scheduled boundary is at or after the failed one, so a
+            // failed scheduled checkpoint is tried again rather than skipped.
             let after = if result.is_ok() {
                 boundary
             } else {
                 boundary.saturating_sub(1)
             };
             j.lift_barrier_after(after);
-            if result.is_err() && j.spec.checkpoint_every > 0 {
-                // Try the failed boundary again rather than skipping it.
-                j.clocks.set_barrier(Some(boundary));
-            }
         });
         match &result {
             Ok(c) => tracing::info!(job, name = %c.name, clock = c.clock, "checkpoint complete"),
@@ -620,7 +607,7 @@ impl Scheduler {
             let bytes = serde_json::to_vec_pretty(&ckpt)
                 .map_err(|e| SchedError::Internal(e.to_string()))?;
             let path = dir.join(format!("{name}.json"));
-            tokio::task::spawn_blocking(move || write_atomic(&path, &bytes))
+            tokio::task::spawn_blocking(move || ps_runtime::config::write_atomic(&path, &bytes))
                 .await
                 .map_err(|e| SchedError::Internal(e.to_string()))?
                 .map_err(|e| SchedError::Internal(format!("writing the job manifest: {e}")))?;

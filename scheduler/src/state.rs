@@ -6,7 +6,7 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use ps_core::{Consistency, JobSpec};
+use ps_core::JobSpec;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
@@ -627,10 +627,6 @@ impl Job {
             }
             _ => 0.0,
         }
-    }
-
-    pub fn consistency(&self) -> Consistency {
-        self.spec.consistency
     }
 }
 

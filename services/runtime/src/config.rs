@@ -1,4 +1,4 @@
-//! Optional TOML files of tunables. Deployment knobs are flags with `PS_*` environment
+//! Optional TOML files of tunables, and the atomic file write every service's state uses. Deployment knobs are flags with `PS_*` environment
 //! fallbacks; a file given with `--config` may set them too, and a flag or variable wins.
 
 use std::path::Path;
@@ -30,4 +30,20 @@ pub fn load_toml<T: DeserializeOwned>(path: &Path) -> Result<T, ConfigError> {
         path: path.display().to_string(),
         source,
     })
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file beside it, fsync, rename over `path`,
+/// fsync of the folder. A crash leaves the old file or the new one, never a mix.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(bytes)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
 }
