@@ -591,7 +591,8 @@ impl<S: Store> Engine<S> {
         }
         if epoch < current {
             return Err(EngineError::FailedPrecondition(format!(
-                "stale shard map: the request was routed with epoch {epoch}, this shard is at epoch {current}; fetch the shard map from the scheduler and retry"
+                "{}: the request was routed with epoch {epoch}, this shard is at epoch {current}; fetch the shard map from the scheduler and retry",
+                ps_core::wire::STALE_MAP
             )));
         }
         Err(EngineError::Unavailable(format!(

@@ -1,7 +1,8 @@
 //! A real scheduler with real `ps-server` child processes registered with it, and workers
 //! (test clients on the SDK) under BSP, SSP(2) and ASP: staleness bounds observed in the
 //! parameters themselves, a worker killed and a worker joining late, a scheduler restart, a
-//! coordinated checkpoint and resume, and a stale shard-map epoch.
+//! coordinated checkpoint and resume, a shard lost and back at a new address, and a stale
+//! shard-map epoch.
 //!
 //! Needs the workspace's binaries (`cargo build --release` builds `ps-server` next to the test).
 
@@ -110,8 +111,8 @@ impl Sched {
 /// A scheduler and `n` shards registered with it.
 struct Cluster {
     sched: Sched,
-    _shards: Vec<Shard>,
-    _dir: tempfile::TempDir,
+    shards: Vec<Shard>,
+    dir: tempfile::TempDir,
 }
 
 async fn cluster(n: u32) -> Cluster {
@@ -128,11 +129,7 @@ async fn cluster(n: u32) -> Cluster {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(c.shard_map().await.unwrap().complete, "shards registered");
-    Cluster {
-        sched,
-        _shards: shards,
-        _dir: dir,
-    }
+    Cluster { sched, shards, dir }
 }
 
 fn job(name: &str, consistency: &str, workers: u32, extra: &str) -> JobSpec {
@@ -454,6 +451,93 @@ async fn checkpoint_resume_and_scheduler_restart() {
             "BSP held after the resume: worker {w} at clock {clock} saw {params:?}"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_shard_pauses_the_job_until_it_returns_and_nothing_is_lost() {
+    let mut c = cluster(2).await;
+    let sched = SchedulerClient::connect(&c.sched.url).await.unwrap();
+    sched.submit(&job("pause", "bsp", 2, "")).await.unwrap();
+    const CLOCKS: u64 = 40;
+    let seen: Seen = Arc::default();
+    let workers: Vec<_> = (0..2)
+        .map(|i| {
+            tokio::spawn(worker(
+                c.sched.url.clone(),
+                "pause".into(),
+                i,
+                CLOCKS,
+                Duration::from_millis(20),
+                seen.clone(),
+            ))
+        })
+        .collect();
+    // Kill the shard that holds the workers' table, mid-job.
+    let mut cfg = client_cfg();
+    let map = sched.shard_map().await.unwrap();
+    cfg.endpoints = map.endpoints.clone();
+    let ps = PsClient::connect(cfg).await.unwrap();
+    let owner = ps.partitioner().shard_for_chunk(
+        ps_core::TableName::try_from("pause/progress")
+            .unwrap()
+            .hash64(),
+        0,
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    drop(c.shards.remove(owner as usize));
+    // Within the lease the job pauses and no clock advances.
+    let mut paused = None;
+    for _ in 0..100 {
+        let st = sched.job("pause").await.unwrap();
+        if st.state == ps_proto::v1::JobState::Paused as i32 {
+            paused = Some(st);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let paused = paused.expect("the job paused when its shard disappeared");
+    assert!(
+        paused.message.contains("not registered"),
+        "{}",
+        paused.message
+    );
+    assert!(paused.min_clock < CLOCKS, "the workers were still training");
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let still = sched.job("pause").await.unwrap();
+    assert_eq!(
+        still.min_clock, paused.min_clock,
+        "no clock was granted while paused"
+    );
+    // The shard comes back on its data, at a new address: a new map epoch, which the workers'
+    // clients follow on their own.
+    let dir = c.dir.path().join(format!("shard-{owner}"));
+    c.shards.push(spawn_shard(&dir, owner, 2, &c.sched.url));
+    for w in workers {
+        let clock = tokio::time::timeout(Duration::from_secs(60), w)
+            .await
+            .expect("the workers finished after the shard returned")
+            .unwrap()
+            .unwrap();
+        assert_eq!(clock, CLOCKS);
+    }
+    let after = sched.shard_map().await.unwrap();
+    assert!(after.epoch > map.epoch, "the new address is a new epoch");
+    let st = sched.job("pause").await.unwrap();
+    assert_eq!(
+        st.state,
+        ps_proto::v1::JobState::Running as i32,
+        "{}",
+        st.message
+    );
+    // Every acknowledged push survived the kill and none was applied twice.
+    let mut cfg = client_cfg();
+    cfg.endpoints = after.endpoints;
+    cfg.map_epoch = after.epoch;
+    let ps = PsClient::connect(cfg).await.unwrap();
+    assert_eq!(
+        ps.pull_dense("pause/progress").await.unwrap(),
+        vec![CLOCKS as f32; 2]
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

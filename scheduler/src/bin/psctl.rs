@@ -10,7 +10,6 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use ps_client::ClientError;
 use ps_client::scheduler::SchedulerClient;
-use ps_core::JobSpec;
 use ps_proto::v1 as pb;
 
 #[derive(Debug, Parser)]
@@ -51,6 +50,10 @@ enum Cmd {
     },
     /// Shows the shard map.
     Shards,
+    /// Starts a whole cluster on 127.0.0.1 (a scheduler, shards and workers as child
+    /// processes), trains one job to the end with a progress bar, and prints the test accuracy
+    /// and where the run's files are. Needs no running scheduler.
+    Local(Box<ps_worker::local::LocalArgs>),
 }
 
 const EXIT_USAGE: u8 = 2;
@@ -82,6 +85,10 @@ async fn main() -> ExitCode {
             eprintln!("psctl: {m}");
             ExitCode::from(EXIT_USAGE)
         }
+        Err(Failure::Other(m)) => {
+            eprintln!("psctl: {m}");
+            ExitCode::FAILURE
+        }
         Err(Failure::Client(e)) => {
             let code = exit_code(&e);
             if code == EXIT_UNREACHABLE {
@@ -99,6 +106,7 @@ async fn main() -> ExitCode {
 
 enum Failure {
     Usage(String),
+    Other(String),
     Client(ClientError),
 }
 
@@ -109,12 +117,15 @@ impl From<ClientError> for Failure {
 }
 
 async fn run(cli: &Cli) -> Result<(), Failure> {
+    if let Cmd::Local(args) = &cli.cmd {
+        return local(args, cli.json).await;
+    }
     let s = SchedulerClient::connect(&cli.scheduler).await?;
     match &cli.cmd {
         Cmd::Submit { file } => {
             let text = std::fs::read_to_string(file)
                 .map_err(|e| Failure::Usage(format!("reading {}: {e}", file.display())))?;
-            let spec = JobSpec::from_toml(&text)
+            let spec = ps_worker::job::job_from_toml(&text)
                 .map_err(|e| Failure::Usage(format!("{}: {e}", file.display())))?;
             let st = s.submit(&spec).await?;
             if cli.json {
@@ -240,8 +251,40 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 }
             }
         }
+        Cmd::Local(_) => unreachable!("handled above"),
     }
     Ok(())
+}
+
+/// `psctl local`: the whole cluster as child processes, one job to the end.
+async fn local(args: &ps_worker::local::LocalArgs, json: bool) -> Result<(), Failure> {
+    match ps_worker::local::run(args).await {
+        Ok(o) => {
+            let e = &o.result.eval;
+            if json {
+                print_json(&serde_json::json!({
+                    "run_dir": o.run_dir, "result": o.result, "wall_s": o.wall.as_secs_f64(),
+                }));
+            } else {
+                let auc = e.auc.map(|a| format!(", AUC {a:.4}")).unwrap_or_default();
+                println!(
+                    "{} on {}: test accuracy {:.2}%{auc} after {} epochs ({} clocks, {:.0} s)",
+                    o.result.model,
+                    o.result.dataset,
+                    e.test_accuracy * 100.0,
+                    e.epoch,
+                    o.result.clocks,
+                    o.wall.as_secs_f64()
+                );
+                println!(
+                    "run directory: {} (eval.jsonl, curves.svg, model.safetensors, logs/)",
+                    o.run_dir.display()
+                );
+            }
+            Ok(())
+        }
+        Err(e) => Err(Failure::Other(format!("local: {e:#}"))),
+    }
 }
 
 fn state_name(s: i32) -> &'static str {

@@ -75,8 +75,19 @@ pub struct ClientConfig {
     pub codec: TableCodec,
     /// The shard-map epoch requests carry (from the scheduler; 0 = no scheduler). A shard on a
     /// newer map refuses them with `failed_precondition`: fetch the map and call
-    /// [`PsClient::set_map_epoch`].
+    /// [`PsClient::set_map_epoch`], or give a `map_source` and the client does it.
     pub map_epoch: u64,
+    /// Where to learn the shard map again when a shard cannot be reached or refuses a request's
+    /// epoch as stale: the client then reconnects to the shards that moved and retries (a push
+    /// keeps its sequence number, so it is still applied once). Workers get the scheduler here.
+    pub map_source: Option<Arc<dyn MapSource>>,
+}
+
+/// A source of the current shard map (the scheduler, for workers).
+pub trait MapSource: Send + Sync + std::fmt::Debug {
+    /// The map's epoch and every shard's endpoint in index order (an empty string for a shard
+    /// that is not registered now).
+    fn current(&self) -> futures::future::BoxFuture<'_, Result<(u64, Vec<String>), ClientError>>;
 }
 
 impl ClientConfig {
@@ -97,6 +108,7 @@ impl ClientConfig {
             request_timeout: None,
             codec: TableCodec::default(),
             map_epoch: 0,
+            map_source: None,
         }
     }
 }
@@ -160,7 +172,11 @@ pub struct PsClient {
 #[derive(Debug)]
 struct Inner {
     cfg: ClientConfig,
-    shards: Vec<(String, ParameterServerClient<Channel>)>,
+    /// Each shard's endpoint and connection; replaced when the shard map moves a shard.
+    shards: RwLock<Vec<(String, ParameterServerClient<Channel>)>>,
+    num_shards: usize,
+    /// One map refresh at a time.
+    refreshing: tokio::sync::Mutex<()>,
     infos: Vec<ShardInfo>,
     partitioner: Partitioner,
     client_id: u64,
@@ -182,31 +198,20 @@ impl PsClient {
             return Err(ClientError::InvalidInput("no shard endpoints given".into()));
         }
         cfg.codec.check()?;
-        let mut shards = Vec::new();
-        for ep in &cfg.endpoints {
-            let endpoint = Endpoint::from_shared(ep.clone())
-                .map_err(|e| ClientError::InvalidInput(format!("bad endpoint `{ep}`: {e}")))?
-                .initial_stream_window_size(STREAM_WINDOW)
-                .initial_connection_window_size(CONNECTION_WINDOW)
-                .max_frame_size(Some(1 << 20))
-                .tcp_nodelay(true)
-                .connect_timeout(cfg.connect_timeout);
-            let endpoint = match cfg.request_timeout {
-                Some(t) => endpoint.timeout(t),
-                None => endpoint,
-            };
-            let client = ParameterServerClient::new(endpoint.connect_lazy())
-                .max_decoding_message_size(usize::MAX)
-                .max_encoding_message_size(usize::MAX);
-            shards.push((ep.clone(), client));
-        }
+        let shards = cfg
+            .endpoints
+            .iter()
+            .map(|ep| Ok((ep.clone(), shard_client(&cfg, ep)?)))
+            .collect::<Result<Vec<_>, ClientError>>()?;
         let client_id = cfg
             .client_id
             .unwrap_or_else(|| rand::random::<u64>().max(1));
         let mut this = Inner {
             partitioner: Partitioner::new(shards.len() as u32, 1),
             infos: Vec::new(),
-            shards,
+            num_shards: shards.len(),
+            shards: RwLock::new(shards),
+            refreshing: tokio::sync::Mutex::new(()),
             client_id,
             seqs: SeqTracker::default(),
             specs: RwLock::new(HashMap::new()),
@@ -214,9 +219,9 @@ impl PsClient {
             map_epoch: AtomicU64::new(cfg.map_epoch),
             cfg,
         };
-        let n = this.shards.len();
+        let n = this.num_shards;
         let infos = this
-            .all(|mut c| async move { c.shard_info(pb::ShardInfoRequest {}).await })
+            .all(|mut c, _| async move { c.shard_info(pb::ShardInfoRequest {}).await })
             .await?;
         let mut vnodes = None;
         for (i, (ep, info)) in this.cfg.endpoints.iter().zip(&infos).enumerate() {
@@ -316,7 +321,7 @@ impl PsClient {
         };
         let answers = self
             .inner
-            .all(|mut c| {
+            .all(|mut c, _| {
                 let req = req.clone();
                 async move { c.create_table(req).await }
             })
@@ -346,7 +351,7 @@ impl PsClient {
         };
         let resp = self
             .inner
-            .call(0, |mut c| {
+            .call(0, |mut c, _| {
                 let req = req.clone();
                 async move { c.describe_table(req).await }
             })
@@ -362,7 +367,7 @@ impl PsClient {
     pub async fn list_tables(&self) -> Result<Vec<TableSpec>, ClientError> {
         let resp = self
             .inner
-            .call(0, |mut c| async move {
+            .call(0, |mut c, _| async move {
                 c.list_tables(pb::ListTablesRequest {}).await
             })
             .await?;
@@ -381,7 +386,7 @@ impl PsClient {
             name: name.to_string(),
         };
         self.inner
-            .all(|mut c| {
+            .all(|mut c, _| {
                 let req = req.clone();
                 async move { c.drop_table(req).await }
             })
@@ -437,7 +442,6 @@ impl PsClient {
         first_chunk: u64,
         grad: &[f32],
     ) -> Result<PushSummary, ClientError> {
-        let map_epoch = self.map_epoch();
         let (spec, shape) = self.dense_spec(name).await?;
         // The chunks the gradient covers; it must end on a chunk boundary.
         let mut last = first_chunk;
@@ -523,7 +527,7 @@ impl PsClient {
         let results = stream::iter(calls)
             .map(|(i, shard, slices)| {
                 let table = table.clone();
-                let call = self.inner.push(shard, move |mut c, push_id| {
+                let call = self.inner.push(shard, move |mut c, push_id, map_epoch| {
                     let req = pb::PushDenseRequest {
                         table: table.clone(),
                         push_id: Some(push_id),
@@ -563,7 +567,7 @@ impl PsClient {
         let hash = spec.name.hash64();
         let max_values =
             ((self.inner.cfg.max_request_bytes as f64 / bytes_per_value.max(0.01)) as usize).max(1);
-        let n = self.inner.shards.len();
+        let n = self.inner.num_shards;
         // Per shard: requests under construction, and the values in the last one.
         let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); n];
         let mut fill = vec![usize::MAX; n];
@@ -598,7 +602,6 @@ impl PsClient {
         name: &str,
         chunks: Range<u64>,
     ) -> Result<Vec<f32>, ClientError> {
-        let map_epoch = self.map_epoch();
         let (spec, shape) = self.dense_spec(name).await?;
         if chunks.end > shape.num_chunks() || chunks.start > chunks.end {
             return Err(ClientError::InvalidInput(format!(
@@ -625,11 +628,14 @@ impl PsClient {
                     table: table.clone(),
                     chunks,
                     accept: ps_core::payload::encoding_to_pb(accept) as i32,
-                    map_epoch,
+                    map_epoch: 0,
                     delta: None,
                 };
-                self.inner.call(shard, move |mut c| {
-                    let req = req.clone();
+                self.inner.call(shard, move |mut c, map_epoch| {
+                    let req = pb::PullDenseRequest {
+                        map_epoch,
+                        ..req.clone()
+                    };
                     async move { c.pull_dense(req).await }
                 })
             })
@@ -666,7 +672,6 @@ impl PsClient {
         ratio: f64,
         replica: &tokio::sync::Mutex<compress::DeltaReplica>,
     ) -> Result<Vec<f32>, ClientError> {
-        let map_epoch = self.map_epoch();
         let mut rep = replica.lock().await;
         if rep.values.len() as u64 != shape.len() {
             rep.values = vec![0.0; shape.len() as usize];
@@ -692,15 +697,18 @@ impl PsClient {
                     table: table.clone(),
                     chunks,
                     accept: pb::Encoding::F32 as i32,
-                    map_epoch,
+                    map_epoch: 0,
                     delta: Some(pb::DeltaPull {
                         client_id,
                         ratio,
                         versions,
                     }),
                 };
-                let call = self.inner.call(shard, move |mut c| {
-                    let req = req.clone();
+                let call = self.inner.call(shard, move |mut c, map_epoch| {
+                    let req = pb::PullDenseRequest {
+                        map_epoch,
+                        ..req.clone()
+                    };
                     async move { c.pull_dense(req).await }
                 });
                 async move { call.await.map(|r| (r, shard)) }
@@ -759,7 +767,6 @@ impl PsClient {
         ids: &[u64],
         grads: &[f32],
     ) -> Result<PushSummary, ClientError> {
-        let map_epoch = self.map_epoch();
         let (spec, dim) = self.sparse_dim(name).await?;
         if grads.len() != ids.len() * dim {
             return Err(ClientError::InvalidInput(format!(
@@ -807,7 +814,7 @@ impl PsClient {
             .collect();
         let results = stream::iter(calls.into_iter().map(|(i, shard, ids, values)| {
             let table = table.clone();
-            let call = self.inner.push(shard, move |mut c, push_id| {
+            let call = self.inner.push(shard, move |mut c, push_id, map_epoch| {
                 let req = pb::PushSparseRequest {
                     table: table.clone(),
                     push_id: Some(push_id),
@@ -838,7 +845,6 @@ impl PsClient {
 
     /// Pulls rows `ids` of sparse table `name`: `ids.len() * dim` values, row after row.
     pub async fn pull_sparse(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
-        let map_epoch = self.map_epoch();
         let (spec, dim) = self.sparse_dim(name).await?;
         let codec = self.inner.codecs.get(&spec.name).0;
         let accept = codec.pull;
@@ -851,10 +857,13 @@ impl PsClient {
                 table: table.clone(),
                 ids: positions.iter().map(|&p| ids[p]).collect(),
                 accept: ps_core::payload::encoding_to_pb(accept) as i32,
-                map_epoch,
+                map_epoch: 0,
             };
-            let call = self.inner.call(shard, move |mut c| {
-                let req = req.clone();
+            let call = self.inner.call(shard, move |mut c, map_epoch| {
+                let req = pb::PullSparseRequest {
+                    map_epoch,
+                    ..req.clone()
+                };
                 async move { c.pull_sparse(req).await }
             });
             async move { call.await.map(|r| (positions, r)) }
@@ -893,7 +902,7 @@ impl PsClient {
         bytes_per_value: f64,
     ) -> Vec<(usize, Vec<usize>)> {
         let hash = spec.name.hash64();
-        let n = self.inner.shards.len();
+        let n = self.inner.num_shards;
         let row_bytes = dim as f64 * bytes_per_value.max(0.01) + 8.0;
         let per_request = ((self.inner.cfg.max_request_bytes as f64 / row_bytes) as usize).max(1);
         let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); n];
@@ -918,7 +927,7 @@ impl PsClient {
         };
         let answers = self
             .inner
-            .all(|mut c| {
+            .all(|mut c, _| {
                 let req = req.clone();
                 async move { c.checkpoint(req).await }
             })
@@ -941,16 +950,16 @@ impl PsClient {
     /// acknowledged after the checkpoint are discarded). The scheduler's resume calls this with
     /// the workers held; calling it under running training loses their recent updates.
     pub async fn restore_checkpoint(&self, names: &[String]) -> Result<(), ClientError> {
-        if names.len() != self.inner.shards.len() {
+        if names.len() != self.inner.num_shards {
             return Err(ClientError::InvalidInput(format!(
                 "{} checkpoint names for {} shards",
                 names.len(),
-                self.inner.shards.len()
+                self.inner.num_shards
             )));
         }
         futures::future::try_join_all(names.iter().enumerate().map(|(s, name)| {
             let req = pb::RestoreCheckpointRequest { name: name.clone() };
-            self.inner.call(s, move |mut c| {
+            self.inner.call(s, move |mut c, _| {
                 let req = req.clone();
                 async move { c.restore_checkpoint(req).await }
             })
@@ -973,7 +982,7 @@ impl PsClient {
     /// Every shard's statistics, in shard order.
     pub async fn stats(&self) -> Result<Vec<pb::GetStatsResponse>, ClientError> {
         self.inner
-            .all(|mut c| async move { c.get_stats(pb::GetStatsRequest {}).await })
+            .all(|mut c, _| async move { c.get_stats(pb::GetStatsRequest {}).await })
             .await
     }
 }
@@ -1061,35 +1070,89 @@ fn is_transient(s: &tonic::Status) -> bool {
 }
 
 impl Inner {
-    /// Calls shard `shard`, retrying transient failures with exponential backoff.
+    /// Calls shard `shard` with the current map epoch, retrying transient failures with
+    /// exponential backoff. With a map source, a transient failure or a stale-epoch refusal
+    /// first fetches the map again, so a call follows a shard that moved.
     async fn call<T, F, Fut>(&self, shard: usize, mut f: F) -> Result<T, ClientError>
     where
-        F: FnMut(ParameterServerClient<Channel>) -> Fut,
+        F: FnMut(ParameterServerClient<Channel>, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let (endpoint, client) = &self.shards[shard];
         let mut backoff = self.cfg.initial_backoff;
         let mut attempt = 1;
         loop {
-            match f(client.clone()).await {
+            let (endpoint, client) = self.shards.read()[shard].clone();
+            let epoch = self.map_epoch.load(Ordering::Relaxed);
+            match f(client, epoch).await {
                 Ok(r) => return Ok(r.into_inner()),
-                Err(s) if is_transient(&s) && attempt < self.cfg.max_attempts => {
+                Err(s)
+                    if attempt < self.cfg.max_attempts
+                        && (is_transient(&s) || self.is_stale_map(&s)) =>
+                {
                     tracing::debug!(shard, attempt, error = %s.message(), "shard unavailable; retrying");
+                    self.refresh_map(epoch).await;
                     // Full jitter keeps many clients from retrying in lock-step.
                     let wait = backoff.mul_f64(0.5 + rand::random::<f64>() * 0.5);
                     tokio::time::sleep(wait).await;
                     backoff = (backoff * 2).min(self.cfg.max_backoff);
                     attempt += 1;
                 }
-                Err(s) => return Err(ClientError::from_status(shard, endpoint, s)),
+                Err(s) => return Err(ClientError::from_status(shard, &endpoint, s)),
             }
         }
+    }
+
+    /// Whether the shard refused a request for its old map epoch, and the map can be fetched.
+    fn is_stale_map(&self, s: &tonic::Status) -> bool {
+        self.cfg.map_source.is_some()
+            && s.code() == tonic::Code::FailedPrecondition
+            && s.message().starts_with(ps_core::wire::STALE_MAP)
+    }
+
+    /// Fetches the shard map when the client is still at epoch `seen`; adopts it when it is
+    /// newer and complete (every shard registered), reconnecting to the shards that moved.
+    async fn refresh_map(&self, seen: u64) {
+        let Some(source) = &self.cfg.map_source else {
+            return;
+        };
+        let _one = self.refreshing.lock().await;
+        if self.map_epoch.load(Ordering::Relaxed) != seen {
+            return; // another call refreshed it meanwhile
+        }
+        let (epoch, endpoints) = match source.current().await {
+            Ok(map) => map,
+            Err(e) => {
+                tracing::debug!(error = %e, "shard map unavailable");
+                return;
+            }
+        };
+        if epoch <= seen
+            || endpoints.len() != self.num_shards
+            || endpoints.iter().any(String::is_empty)
+        {
+            return;
+        }
+        let mut shards = self.shards.read().clone();
+        for (slot, ep) in shards.iter_mut().zip(endpoints) {
+            if slot.0 != ep {
+                match shard_client(&self.cfg, &ep) {
+                    Ok(c) => *slot = (ep, c),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the shard map names an unusable endpoint");
+                        return;
+                    }
+                }
+            }
+        }
+        *self.shards.write() = shards;
+        self.map_epoch.store(epoch, Ordering::Relaxed);
+        tracing::info!(epoch, "shard map refreshed");
     }
 
     /// A push to `shard`: one sequence number for every attempt of it.
     async fn push<F, Fut>(&self, shard: usize, mut f: F) -> Result<pb::PushResponse, ClientError>
     where
-        F: FnMut(ParameterServerClient<Channel>, pb::PushId) -> Fut,
+        F: FnMut(ParameterServerClient<Channel>, pb::PushId, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<pb::PushResponse>, tonic::Status>>,
     {
         let ticket = self.seqs.begin();
@@ -1098,15 +1161,37 @@ impl Inner {
             seq: ticket.seq(),
             min_unacked_seq: ticket.min_unacked(),
         };
-        self.call(shard, |c| f(c, push_id)).await
+        self.call(shard, |c, epoch| f(c, push_id, epoch)).await
     }
 
     /// The same call on every shard, concurrently; answers in shard order.
     async fn all<T, F, Fut>(&self, f: F) -> Result<Vec<T>, ClientError>
     where
-        F: Fn(ParameterServerClient<Channel>) -> Fut,
+        F: Fn(ParameterServerClient<Channel>, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        futures::future::try_join_all((0..self.shards.len()).map(|s| self.call(s, &f))).await
+        futures::future::try_join_all((0..self.num_shards).map(|s| self.call(s, &f))).await
     }
+}
+
+/// A lazily connected client for the shard at `ep`, with the windows and limits every shard
+/// connection uses.
+fn shard_client(
+    cfg: &ClientConfig,
+    ep: &str,
+) -> Result<ParameterServerClient<Channel>, ClientError> {
+    let endpoint = Endpoint::from_shared(ep.to_owned())
+        .map_err(|e| ClientError::InvalidInput(format!("bad endpoint `{ep}`: {e}")))?
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(Some(1 << 20))
+        .tcp_nodelay(true)
+        .connect_timeout(cfg.connect_timeout);
+    let endpoint = match cfg.request_timeout {
+        Some(t) => endpoint.timeout(t),
+        None => endpoint,
+    };
+    Ok(ParameterServerClient::new(endpoint.connect_lazy())
+        .max_decoding_message_size(usize::MAX)
+        .max_encoding_message_size(usize::MAX))
 }

@@ -49,6 +49,15 @@ pub struct SchedulerClient {
     max_attempts: u32,
 }
 
+impl crate::MapSource for SchedulerClient {
+    fn current(&self) -> futures::future::BoxFuture<'_, Result<(u64, Vec<String>), ClientError>> {
+        Box::pin(async move {
+            let map = self.shard_map().await?;
+            Ok((map.epoch, map.endpoints))
+        })
+    }
+}
+
 impl SchedulerClient {
     /// Connects lazily: the first call reports an unreachable scheduler as `unavailable`.
     pub async fn connect(endpoint: &str) -> Result<Self, ClientError> {
@@ -334,17 +343,21 @@ impl WorkerSession {
         self.clock
     }
 
-    /// A client for the job's shards, routed with the session's map epoch and carrying the
-    /// job's table codecs. `cfg`'s endpoints and epoch are replaced by the job's map.
+    /// A client for the job's shards, routed with the current shard map and carrying the job's
+    /// table codecs. `cfg`'s endpoints, epoch and map source are replaced: the client follows
+    /// the scheduler's map when a shard moves (see [`ClientConfig::map_source`]).
     pub async fn ps_client(&self, mut cfg: ClientConfig) -> Result<PsClient, ClientError> {
-        if !self.map.complete {
+        let map = self.sched.shard_map().await?;
+        if !map.complete {
             return Err(ClientError::Topology(format!(
                 "job `{}`: not every shard is registered yet",
                 self.job
             )));
         }
-        cfg.endpoints = self.map.endpoints.clone();
-        cfg.map_epoch = self.map_epoch();
+        self.epoch.fetch_max(map.epoch, Ordering::Relaxed);
+        cfg.endpoints = map.endpoints;
+        cfg.map_epoch = map.epoch;
+        cfg.map_source = Some(Arc::new(self.sched.clone()));
         let ps = PsClient::connect(cfg).await?;
         for t in &self.spec.tables {
             let codec = crate::TableCodec {

@@ -70,6 +70,8 @@ pub struct JobSpec {
     pub max_clocks: u64,
     /// Lease of members, in ms; 0 = the scheduler's default.
     pub lease_ms: u64,
+    /// Seed of the workers' data cut and order.
+    pub seed: u64,
 }
 
 /// Upper bounds that keep one spec from asking the scheduler for unbounded memory.
@@ -163,9 +165,49 @@ impl JobSpec {
 
     /// Parses and validates the TOML form (see `examples/jobs/` and the README).
     pub fn from_toml(text: &str) -> Result<Self, ValidationError> {
-        let t: JobToml =
+        Self::from_toml_for_model(text, |_| Ok(Vec::new()))
+    }
+
+    /// Parses the TOML form, adding the tables the job's model needs (`model_tables(spec)`, each
+    /// with its initializer and default optimizer) that `tables` does not list. A
+    /// `[model_tables]` section sets what those tables share: its optimizer settings (when it
+    /// names any) replace the model's defaults; its codec and non-finite policy apply.
+    pub fn from_toml_for_model(
+        text: &str,
+        model_tables: impl FnOnce(&JobSpec) -> Result<Vec<TableSpec>, ValidationError>,
+    ) -> Result<Self, ValidationError> {
+        let mut t: JobToml =
             toml::from_str(text).map_err(|e| ValidationError::new("toml", e.to_string()))?;
-        t.into_spec()
+        let shared = t.model_tables.take();
+        let mut spec = t.into_spec()?;
+        for table in model_tables(&spec)? {
+            if spec.table(table.name.as_str()).is_some() {
+                continue;
+            }
+            let table = match &shared {
+                None => JobTable {
+                    spec: table,
+                    codec: Codec::default(),
+                },
+                Some(s) => {
+                    let init = table.initializer;
+                    let mut spec = if s.sets_optimizer() {
+                        table.with_optimizer(s.optimizer()?)?
+                    } else {
+                        table
+                    };
+                    let mut jt = s.finish(spec.clone())?;
+                    // The model's initializer stays unless the section names one.
+                    if s.init.is_none() {
+                        spec = jt.spec.with_initializer(init)?;
+                        jt.spec = spec;
+                    }
+                    jt
+                }
+            };
+            spec.tables.push(table);
+        }
+        spec.validated()
     }
 
     pub fn table(&self, name: &str) -> Option<&JobTable> {
@@ -239,6 +281,7 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             balance_batches: p.balance_batches,
             max_clocks: p.max_clocks,
             lease_ms: p.lease_ms,
+            seed: p.seed,
         }
         .validated()
     }
@@ -284,6 +327,7 @@ impl From<&JobSpec> for pb::JobSpec {
             balance_batches: s.balance_batches,
             max_clocks: s.max_clocks,
             lease_ms: s.lease_ms,
+            seed: s.seed,
         }
     }
 }
@@ -340,17 +384,23 @@ struct JobToml {
     max_clocks: u64,
     #[serde(default)]
     lease_ms: u64,
+    #[serde(default)]
+    seed: u64,
+    /// Settings (optimizer, learning rate, codec, ...) for the tables the model names that
+    /// `tables` does not list; see [`JobSpec::from_toml_for_model`].
+    model_tables: Option<TableToml>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TableToml {
+    #[serde(default)]
     name: String,
     shape: Option<Vec<u64>>,
     dim: Option<u32>,
     chunk_elems: Option<u64>,
-    #[serde(default = "default_optimizer")]
-    optimizer: String,
+    /// sgd (the default) | momentum | adagrad | adam | ftrl
+    optimizer: Option<String>,
     learning_rate: Option<f32>,
     momentum: Option<f32>,
     #[serde(default)]
@@ -377,10 +427,6 @@ struct TableToml {
     codec: String,
 }
 
-fn default_optimizer() -> String {
-    "sgd".into()
-}
-
 impl TableToml {
     fn into_spec(self) -> Result<JobTable, ValidationError> {
         let mut spec = match (&self.shape, self.dim) {
@@ -399,8 +445,18 @@ impl TableToml {
         if let Some(c) = self.chunk_elems {
             spec = spec.with_chunk_elems(c)?;
         }
+        spec = spec.with_optimizer(self.optimizer()?)?;
+        self.finish(spec)
+    }
+
+    /// Whether the file sets the optimizer at all.
+    fn sets_optimizer(&self) -> bool {
+        self.optimizer.is_some() || self.learning_rate.is_some()
+    }
+
+    fn optimizer(&self) -> Result<Optimizer, ValidationError> {
         let lr = self.learning_rate.unwrap_or(0.01);
-        let optimizer = match self.optimizer.as_str() {
+        let optimizer = match self.optimizer.as_deref().unwrap_or("sgd") {
             "sgd" => Optimizer::sgd(lr),
             "momentum" => Optimizer::Momentum {
                 learning_rate: lr,
@@ -451,7 +507,11 @@ impl TableToml {
                 ));
             }
         };
-        spec = spec.with_optimizer(optimizer)?;
+        Ok(optimizer)
+    }
+
+    /// Applies the initializer, non-finite policy and codec to `spec`.
+    fn finish(&self, mut spec: TableSpec) -> Result<JobTable, ValidationError> {
         let init = match self.init.as_deref() {
             None | Some("zeros") => Initializer::ZEROS,
             Some("uniform") => Initializer::uniform(
@@ -528,6 +588,7 @@ impl JobToml {
             balance_batches: self.balance_batches,
             max_clocks: self.max_clocks,
             lease_ms: self.lease_ms,
+            seed: self.seed,
         }
         .validated()
     }

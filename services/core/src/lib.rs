@@ -43,4 +43,7 @@ pub use table::{
 pub mod wire {
     pub const STREAM_WINDOW: u32 = 16 << 20;
     pub const CONNECTION_WINDOW: u32 = 64 << 20;
+    /// How a shard's `failed_precondition` answer to a request routed with an old shard-map
+    /// epoch begins; clients that can fetch the map recognize it and retry on the new one.
+    pub const STALE_MAP: &str = "stale shard map";
 }

@@ -1,0 +1,156 @@
+//! Training through real processes: `psctl local`'s cluster (a scheduler, two shards and the
+//! workers as child processes) trains a model to the end; a worker killed mid-job does not stop
+//! the job.
+//!
+//! Needs the workspace's binaries (`cargo build --release` puts `scheduler`, `ps-server` and
+//! `worker` next to the test). Uses a synthetic data set, so it needs no data files.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use ps_worker::local::{Cluster, LocalArgs};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    local: LocalArgs,
+}
+
+const DATA: &str = "synthetic-dense:4000:16:4";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_cluster_trains_a_model_well_above_chance() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let cli = Cli::parse_from([
+        "local",
+        "--dataset",
+        DATA,
+        "--model",
+        "mlp:16",
+        "--epochs",
+        "3",
+        "--batch",
+        "64",
+        "--quiet",
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+    ]);
+    let o = ps_worker::local::run(&cli.local).await.unwrap();
+    let e = &o.result.eval;
+    eprintln!(
+        "test accuracy {:.3} after {} clocks",
+        e.test_accuracy, o.result.clocks
+    );
+    // Four classes: chance is 25%.
+    assert!(e.test_accuracy > 0.6, "{e:?}");
+    assert!(e.test_loss < (4f64).ln(), "{e:?}");
+    assert_eq!(o.result.clocks, (3.0f64 * 4000.0 / 64.0).ceil() as u64);
+    // The run directory holds the curves, the evaluations and the model.
+    let evals = std::fs::read_to_string(o.run_dir.join("eval.jsonl")).unwrap();
+    assert!(evals.lines().count() >= 3, "{evals}");
+    let svg = std::fs::read_to_string(o.run_dir.join("curves.svg")).unwrap();
+    assert!(svg.contains("<polyline"));
+    let bytes = std::fs::read(o.run_dir.join("model.safetensors")).unwrap();
+    let model = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(model.tensor("local/w0").unwrap().shape(), &[16, 16]);
+    assert_eq!(model.tensor("local/w1").unwrap().shape(), &[16, 4]);
+    assert!(o.run_dir.join("steps-w1.jsonl").exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_job_does_not_stop_the_job() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 2).await.unwrap();
+    let spec = ps_worker::job::job_from_toml(&format!(
+        r#"
+name = "kill"
+consistency = "bsp"
+num_shards = 2
+num_workers = 3
+dataset = "{DATA}"
+model = "softmax"
+global_batch = 60
+max_clocks = 150
+lease_ms = 1500
+
+[model_tables]
+optimizer = "momentum"
+learning_rate = 0.05
+"#
+    ))
+    .unwrap();
+    let sched = cluster.client().await.unwrap();
+    sched.submit(&spec).await.unwrap();
+    let mut w0 = cluster
+        .worker(
+            "kill",
+            "w0",
+            &["--evaluate".into(), "--eval-every".into(), "50".into()],
+        )
+        .unwrap();
+    let mut w1 = cluster.worker("kill", "w1", &[]).unwrap();
+    let mut w2 = cluster.worker("kill", "w2", &[]).unwrap();
+    // Kill w2 once the job is well under way.
+    let t0 = Instant::now();
+    loop {
+        let st = sched.job("kill").await.unwrap();
+        if st.min_clock >= 20 {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(60),
+            "the job did not start: {st:?}\n{}",
+            w0.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w2.kill();
+    // Within the lease the survivors take over its data shard.
+    let mut reassigned = false;
+    for _ in 0..200 {
+        let st = sched.job("kill").await.unwrap();
+        let live: Vec<_> = st.workers.iter().filter(|w| w.live).collect();
+        let mut shards: Vec<u32> = live.iter().flat_map(|w| w.data_shards.clone()).collect();
+        shards.sort_unstable();
+        if live.len() == 2 && shards == [0, 1, 2] {
+            reassigned = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        reassigned,
+        "the dead worker's data shard went to a survivor"
+    );
+    // The survivors finish the job.
+    let t0 = Instant::now();
+    for w in [&mut w0, &mut w1] {
+        loop {
+            if let Some(s) = w.exited().unwrap() {
+                assert!(s.success(), "{} failed:\n{}", w.name(), w.tail());
+                break;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(120),
+                "{} did not finish:\n{}",
+                w.name(),
+                w.tail()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let st = sched.job("kill").await.unwrap();
+    assert_eq!(
+        st.state,
+        ps_proto::v1::JobState::Succeeded as i32,
+        "{}",
+        st.message
+    );
+    let fin: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(cluster.run_dir.join("final.json")).unwrap())
+            .unwrap();
+    let acc = fin["eval"]["test_accuracy"].as_f64().unwrap();
+    assert!(acc > 0.6, "{fin}");
+    cluster.stop();
+}

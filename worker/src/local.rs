@@ -1,0 +1,539 @@
+//! `psctl local`: a whole cluster on 127.0.0.1 as real child processes (a scheduler, the
+//! shards, the workers) training one job to the end, with a progress bar, then the test
+//! accuracy and the run directory.
+//!
+//! The binaries are found next to the running executable (`target/release/` after
+//! `cargo build --release`). Every process logs to `<run>/logs/`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use ps_client::scheduler::SchedulerClient;
+use ps_core::JobSpec;
+
+use crate::data::DatasetSpec;
+use crate::run::{EvalRecord, FinalRecord};
+
+/// What `psctl local` trains, and how.
+#[derive(Debug, Clone, clap::Args)]
+pub struct LocalArgs {
+    /// A job file (TOML) to train instead of the flags below (its name, model, data set and
+    /// tables; `--epochs` still sets its length when it has no max_clocks).
+    #[arg(long)]
+    pub job: Option<PathBuf>,
+    /// The job's name.
+    #[arg(long, default_value = "local")]
+    pub name: String,
+    /// The model: softmax, mlp:H1,H2,..., sparse-lr or wide-deep:DIM[:H1,...].
+    #[arg(long, default_value = "mlp:256")]
+    pub model: String,
+    /// The data set: fashion-mnist, adult, idx:DIR, libsvm:TRAIN[,TEST],
+    /// synthetic-dense:N:DIM:CLASSES or synthetic-ctr:N:IDS:FIELDS.
+    #[arg(long, default_value = "fashion-mnist")]
+    pub dataset: String,
+    /// Where the data set's files are (Fashion-MNIST's directory, or the Adult file).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    #[arg(long, default_value_t = 20.0)]
+    pub epochs: f64,
+    /// Examples per clock over all workers.
+    #[arg(long, default_value_t = 128)]
+    pub batch: u64,
+    #[arg(long, default_value_t = 2)]
+    pub workers: u32,
+    #[arg(long, default_value_t = 2)]
+    pub shards: u32,
+    /// bsp, ssp or asp.
+    #[arg(long, default_value = "bsp")]
+    pub consistency: String,
+    /// The SSP bound.
+    #[arg(long, default_value_t = 3)]
+    pub staleness: u64,
+    /// The shards' optimizer for the model's tables: sgd, momentum, adagrad, adam, ftrl.
+    #[arg(long, default_value = "momentum")]
+    pub optimizer: String,
+    #[arg(long, default_value_t = 0.05)]
+    pub lr: f32,
+    /// The gradient codec of every table (f32, fp16, bf16, int8, sign, qsgd, topk:0.01, ...).
+    #[arg(long, default_value = "f32")]
+    pub codec: String,
+    /// Give workers batches in proportion to their measured throughput.
+    #[arg(long)]
+    pub balance: bool,
+    /// A coordinated checkpoint every this many clocks (0: none).
+    #[arg(long, default_value_t = 0)]
+    pub checkpoint_every: u64,
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Where the run's files go (default: runs/<name>-<unix time>).
+    #[arg(long)]
+    pub run_dir: Option<PathBuf>,
+    /// Clocks between evaluations (0: once per epoch).
+    #[arg(long, default_value_t = 0)]
+    pub eval_every: u64,
+    /// Emulated link speed of each worker, in megabits per second.
+    #[arg(long)]
+    pub link_mbps: Option<f64>,
+    /// Probability that a worker's clock takes --straggler-factor times longer.
+    #[arg(long, default_value_t = 0.0)]
+    pub straggler_prob: f64,
+    #[arg(long, default_value_t = 4.0)]
+    pub straggler_factor: f64,
+    /// Make the last worker this many times slower (a persistently slow machine).
+    #[arg(long, default_value_t = 1.0)]
+    pub slow_worker: f64,
+    /// Pull dense tables every clock even when the staleness bound allows a cached copy.
+    #[arg(long)]
+    pub always_pull: bool,
+    /// No progress bar (for logs and scripts).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// A child process, killed when dropped (unless it was stopped first). Its output goes to a
+/// log file.
+#[derive(Debug)]
+pub struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Proc {
+    fn spawn(bin: &Path, name: &str, args: &[String], logs: &Path) -> anyhow::Result<Self> {
+        let log = logs.join(format!("{name}.log"));
+        let out =
+            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
+        let child = Command::new(bin)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .with_context(|| format!("starting {}", bin.display()))?;
+        Ok(Self {
+            name: name.to_owned(),
+            child,
+            log,
+        })
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Kills the process at once (SIGKILL), as a crash would.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// SIGTERM, then wait up to `grace` before killing.
+    pub fn stop(mut self, grace: Duration) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
+        let end = Instant::now() + grace;
+        while Instant::now() < end {
+            if matches!(self.child.try_wait(), Ok(Some(_))) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The exit status, when the process has exited.
+    pub fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
+        Ok(self.child.try_wait()?)
+    }
+
+    /// An error when the process has exited.
+    fn check(&mut self) -> anyhow::Result<()> {
+        if let Some(s) = self.child.try_wait()? {
+            bail!("{} exited with {s}:\n{}", self.name, self.tail());
+        }
+        Ok(())
+    }
+
+    /// The last lines of the process's log.
+    pub fn tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(15)..].join("\n")
+    }
+}
+
+/// The `scheduler`, `ps-server` and `worker` binaries: next to the running executable, or one
+/// level up (a test executable in `target/release/deps`).
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub scheduler: PathBuf,
+    pub shard: PathBuf,
+    pub worker: PathBuf,
+}
+
+impl Binaries {
+    pub fn find() -> anyhow::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let dir = exe.parent().context("the executable's directory")?;
+        let dirs = [Some(dir), dir.parent()];
+        let find = |name: &str| {
+            dirs.iter()
+                .flatten()
+                .map(|d| d.join(name))
+                .find(|p| p.exists())
+                .with_context(|| {
+                    format!(
+                        "{name} is not in {}: build the workspace first (cargo build --release)",
+                        dir.display()
+                    )
+                })
+        };
+        Ok(Self {
+            scheduler: find("scheduler")?,
+            shard: find("ps-server")?,
+            worker: find("worker")?,
+        })
+    }
+}
+
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// A scheduler and its shards on 127.0.0.1, as child processes writing under one run
+/// directory; workers are added with [`Cluster::worker`].
+#[derive(Debug)]
+pub struct Cluster {
+    pub run_dir: PathBuf,
+    pub logs: PathBuf,
+    pub scheduler_url: String,
+    bins: Binaries,
+    scheduler: Proc,
+    shards: Vec<Proc>,
+}
+
+impl Cluster {
+    /// Starts the scheduler and `num_shards` shards and waits until every shard registered.
+    pub async fn start(run_dir: &Path, num_shards: u32) -> anyhow::Result<Self> {
+        let bins = Binaries::find()?;
+        let logs = run_dir.join("logs");
+        std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
+        let run_dir = run_dir.canonicalize()?;
+        let logs = run_dir.join("logs");
+        let port = free_port()?;
+        let scheduler_url = format!("http://127.0.0.1:{port}");
+        let scheduler = Proc::spawn(
+            &bins.scheduler,
+            "scheduler",
+            &[
+                "--listen".into(),
+                format!("127.0.0.1:{port}"),
+                "--data-dir".into(),
+                run_dir.join("scheduler").display().to_string(),
+            ],
+            &logs,
+        )?;
+        let mut shards = Vec::new();
+        for i in 0..num_shards {
+            let port = free_port()?;
+            shards.push(Proc::spawn(
+                &bins.shard,
+                &format!("shard-{i}"),
+                &[
+                    "--listen".into(),
+                    format!("127.0.0.1:{port}"),
+                    "--data-dir".into(),
+                    run_dir.join(format!("shard-{i}")).display().to_string(),
+                    "--shard-index".into(),
+                    i.to_string(),
+                    "--num-shards".into(),
+                    num_shards.to_string(),
+                    "--scheduler".into(),
+                    scheduler_url.clone(),
+                ],
+                &logs,
+            )?);
+        }
+        let mut c = Self {
+            run_dir,
+            logs,
+            scheduler_url,
+            bins,
+            scheduler,
+            shards,
+        };
+        let sched = c.client().await?;
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !sched.shard_map().await.is_ok_and(|m| m.complete) {
+            // A process that died at start says why in its log.
+            c.check()?;
+            if Instant::now() > deadline {
+                bail!(
+                    "the shards did not register within 60 s; see {}",
+                    c.logs.display()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        Ok(c)
+    }
+
+    pub async fn client(&self) -> anyhow::Result<SchedulerClient> {
+        Ok(SchedulerClient::connect(&self.scheduler_url).await?)
+    }
+
+    /// Starts a worker process named `name` for `job`, with extra `worker` flags.
+    pub fn worker(&self, job: &str, name: &str, extra: &[String]) -> anyhow::Result<Proc> {
+        let mut args = vec![
+            "--scheduler".into(),
+            self.scheduler_url.clone(),
+            "--job".into(),
+            job.to_owned(),
+            "--name".into(),
+            name.to_owned(),
+            "--run-dir".into(),
+            self.run_dir.display().to_string(),
+        ];
+        args.extend_from_slice(extra);
+        Proc::spawn(&self.bins.worker, name, &args, &self.logs)
+    }
+
+    /// An error when the scheduler or a shard has exited.
+    pub fn check(&mut self) -> anyhow::Result<()> {
+        for p in std::iter::once(&mut self.scheduler).chain(self.shards.iter_mut()) {
+            p.check()?;
+        }
+        Ok(())
+    }
+
+    /// Stops the shards and the scheduler (SIGTERM, then a grace period).
+    pub fn stop(self) {
+        let Self {
+            scheduler, shards, ..
+        } = self;
+        for s in shards {
+            s.stop(Duration::from_secs(10));
+        }
+        scheduler.stop(Duration::from_secs(10));
+    }
+}
+
+/// The job the flags describe, as a job file would say it.
+fn job_toml(a: &LocalArgs) -> String {
+    format!(
+        r#"name = "{name}"
+consistency = "{consistency}"
+staleness = {staleness}
+num_shards = {shards}
+num_workers = {workers}
+dataset = "{dataset}"
+model = "{model}"
+global_batch = {batch}
+balance_batches = {balance}
+checkpoint_every = {ckpt}
+seed = {seed}
+
+[model_tables]
+optimizer = "{optimizer}"
+learning_rate = {lr}
+codec = "{codec}"
+"#,
+        name = a.name,
+        consistency = a.consistency,
+        staleness = if a.consistency == "ssp" {
+            a.staleness
+        } else {
+            0
+        },
+        shards = a.shards,
+        workers = a.workers,
+        dataset = a.dataset,
+        model = a.model,
+        batch = a.batch,
+        balance = a.balance,
+        ckpt = a.checkpoint_every,
+        seed = a.seed,
+        optimizer = a.optimizer,
+        lr = a.lr,
+        codec = a.codec,
+    )
+}
+
+/// The result of a local run.
+#[derive(Debug, Clone)]
+pub struct LocalOutcome {
+    pub run_dir: PathBuf,
+    pub result: FinalRecord,
+    pub wall: Duration,
+}
+
+/// Runs the local cluster to the end of its job.
+pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
+    let started = Instant::now();
+    let text = match &a.job {
+        Some(f) => {
+            std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
+        }
+        None => job_toml(a),
+    };
+    let mut spec: JobSpec = crate::job::job_from_toml(&text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Load the data here first: a missing data set is reported before anything starts.
+    let dataset = DatasetSpec::parse(&spec.dataset)?;
+    let data_dir = a.data.clone();
+    let seed = spec.seed;
+    let split =
+        tokio::task::spawn_blocking(move || dataset.load(data_dir.as_deref(), seed)).await??;
+    if spec.max_clocks == 0 {
+        let batch = if spec.global_batch > 0 {
+            spec.global_batch
+        } else {
+            64 * u64::from(spec.num_workers)
+        };
+        spec.max_clocks = ((a.epochs * split.train.len() as f64) / batch as f64)
+            .ceil()
+            .max(1.0) as u64;
+    }
+    let run_dir = match &a.run_dir {
+        Some(d) => d.clone(),
+        None => {
+            let secs = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap_or_default()
+                .as_secs();
+            PathBuf::from("runs").join(format!("{}-{secs}", spec.name))
+        }
+    };
+    let mut cluster = Cluster::start(&run_dir, spec.num_shards).await?;
+    let run_dir = cluster.run_dir.clone();
+    if !a.quiet {
+        eprintln!(
+            "training {} on {} ({} train / {} test examples): {} shards, {} workers, {}, {} clocks of {} examples; logs in {}",
+            spec.model,
+            spec.dataset,
+            split.train.len(),
+            split.test.len(),
+            spec.num_shards,
+            spec.num_workers,
+            spec.consistency,
+            spec.max_clocks,
+            spec.global_batch,
+            cluster.logs.display()
+        );
+    }
+    drop(split);
+    let sched = cluster.client().await?;
+    sched.submit(&spec).await?;
+
+    // The workers.
+    let mut workers = Vec::new();
+    for i in 0..spec.num_workers {
+        let mut args = vec![
+            "--eval-every".into(),
+            a.eval_every.to_string(),
+            "--straggler-prob".into(),
+            a.straggler_prob.to_string(),
+            "--straggler-factor".into(),
+            a.straggler_factor.to_string(),
+        ];
+        if i == 0 {
+            args.push("--evaluate".into());
+        }
+        if let Some(d) = &a.data {
+            args.extend(["--data".into(), d.display().to_string()]);
+        }
+        if let Some(l) = a.link_mbps {
+            args.extend(["--link-mbps".into(), l.to_string()]);
+        }
+        if a.always_pull {
+            args.push("--always-pull".into());
+        }
+        if i + 1 == spec.num_workers && a.slow_worker > 1.0 {
+            args.extend(["--slowdown".into(), a.slow_worker.to_string()]);
+        }
+        workers.push(cluster.worker(&spec.name, &format!("w{i}"), &args)?);
+    }
+
+    let bar = if a.quiet {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(spec.max_clocks)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{elapsed_precise} [{bar:30}] clock {pos}/{len}  {msg}  eta {eta}",
+        )
+        .expect("a valid template")
+        .progress_chars("=> "),
+    );
+    let eval_path = run_dir.join("eval.jsonl");
+    loop {
+        let mut running = 0;
+        for w in &mut workers {
+            match w.child.try_wait()? {
+                None => running += 1,
+                Some(s) if s.success() => {}
+                Some(s) => {
+                    bar.abandon();
+                    bail!("worker {} exited with {s}:\n{}", w.name, w.tail());
+                }
+            }
+        }
+        cluster.check()?;
+        if running == 0 {
+            break;
+        }
+        if let Ok(st) = sched.job(&spec.name).await {
+            bar.set_position(st.min_clock.min(spec.max_clocks));
+            let rate = bar.per_sec() * spec.global_batch as f64;
+            let last: Option<EvalRecord> = std::fs::read_to_string(&eval_path)
+                .ok()
+                .and_then(|t| t.lines().last().and_then(|l| serde_json::from_str(l).ok()));
+            let msg = match last {
+                Some(e) => format!(
+                    "loss {:.3}  test acc {:.2}%  {:.0} examples/s",
+                    e.train_loss,
+                    e.test_accuracy * 100.0,
+                    rate
+                ),
+                None => format!("{:.0} examples/s", rate),
+            };
+            bar.set_message(msg);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    bar.finish();
+    let fin = run_dir.join("final.json");
+    let result: FinalRecord = serde_json::from_slice(
+        &std::fs::read(&fin).with_context(|| format!("reading {}", fin.display()))?,
+    )?;
+    for w in workers {
+        w.stop(Duration::from_secs(5));
+    }
+    cluster.stop();
+    Ok(LocalOutcome {
+        run_dir,
+        result,
+        wall: started.elapsed(),
+    })
+}

@@ -1,0 +1,356 @@
+//! The run directory: what a training run leaves behind.
+//!
+//! ```text
+//! <run>/
+//!   job.json                 the job spec the run trained (written by the evaluating worker)
+//!   steps-<worker>.jsonl     one line per clock of each worker (StepRecord)
+//!   eval.jsonl               one line per evaluation on the test set (EvalRecord)
+//!   final.json               the last evaluation and the run's totals (FinalRecord)
+//!   curves.svg               training loss and test accuracy against examples seen
+//!   model.safetensors        the trained parameters, one f32 tensor per table (dense tables
+//!                            whole; sparse tables are not exported, their rows stay on the
+//!                            shards and in their checkpoints)
+//! ```
+//!
+//! `model.safetensors` is the safetensors format (an 8-byte little-endian header length, a JSON
+//! header naming each tensor's dtype, shape and byte range, then the raw little-endian data);
+//! PyTorch, NumPy and most tools read it. Tensor names are the table names.
+
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use ps_client::PsClient;
+use ps_core::{JobSpec, TableKind};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::Backend;
+use crate::model::Net;
+use crate::train::Summary;
+
+/// One clock of one worker.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StepRecord {
+    pub worker: String,
+    pub clock: u64,
+    pub epoch: u64,
+    pub examples: usize,
+    /// Mean training loss and accuracy of the clock's batch.
+    pub loss: f64,
+    pub accuracy: f64,
+    pub compute_ms: f64,
+    /// Time the clock report waited for the scheduler (the consistency bound).
+    pub wait_ms: f64,
+    /// Time the trainer waited for the prefetcher.
+    pub data_wait_ms: f64,
+    pub wire_bytes: u64,
+    pub raw_bytes: u64,
+    pub elapsed_s: f64,
+}
+
+/// One evaluation on the test set.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EvalRecord {
+    /// The evaluating worker's clock.
+    pub clock: u64,
+    pub epoch: u64,
+    pub test_loss: f64,
+    pub test_accuracy: f64,
+    /// Area under the ROC curve (binary tasks).
+    pub auc: Option<f64>,
+    /// Training loss and accuracy of the evaluating worker since the last evaluation.
+    pub train_loss: f64,
+    pub train_accuracy: f64,
+    /// Examples the evaluating worker has trained on.
+    pub examples: u64,
+    /// Bytes the evaluating worker has pushed.
+    pub wire_bytes: u64,
+    pub elapsed_s: f64,
+}
+
+/// The run's outcome.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FinalRecord {
+    pub job: String,
+    pub model: String,
+    pub dataset: String,
+    pub eval: EvalRecord,
+    pub clocks: u64,
+    pub wire_bytes: u64,
+    pub raw_bytes: u64,
+    /// Bytes the evaluating worker pushed per clock, on the wire and as f32.
+    pub wire_bytes_per_step: f64,
+    pub raw_bytes_per_step: f64,
+    pub dense_pulls: u64,
+}
+
+/// Writes a run directory (or nothing, without one).
+#[derive(Debug)]
+pub struct RunDir {
+    dir: Option<PathBuf>,
+    steps: Option<BufWriter<File>>,
+    evals: Option<BufWriter<File>>,
+}
+
+fn create(path: &Path) -> anyhow::Result<BufWriter<File>> {
+    Ok(BufWriter::new(
+        File::create(path).with_context(|| format!("creating {}", path.display()))?,
+    ))
+}
+
+impl RunDir {
+    pub fn open(dir: Option<&Path>, worker: &str, evaluator: bool) -> anyhow::Result<Self> {
+        let Some(dir) = dir else {
+            return Ok(Self {
+                dir: None,
+                steps: None,
+                evals: None,
+            });
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(Self {
+            dir: Some(dir.to_owned()),
+            steps: Some(create(&dir.join(format!("steps-{worker}.jsonl")))?),
+            evals: evaluator
+                .then(|| create(&dir.join("eval.jsonl")))
+                .transpose()?,
+        })
+    }
+
+    pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
+        if let Some(w) = &mut self.steps {
+            serde_json::to_writer(&mut *w, r)?;
+            w.write_all(b"\n")?;
+        }
+        Ok(())
+    }
+
+    pub fn eval(&mut self, r: &EvalRecord) -> anyhow::Result<()> {
+        if let Some(w) = &mut self.evals {
+            serde_json::to_writer(&mut *w, r)?;
+            w.write_all(b"\n")?;
+            w.flush()?;
+        }
+        if let Some(w) = &mut self.steps {
+            w.flush()?;
+        }
+        Ok(())
+    }
+
+    pub fn flush(&mut self) -> anyhow::Result<()> {
+        for w in [&mut self.steps, &mut self.evals].into_iter().flatten() {
+            w.flush()?;
+        }
+        Ok(())
+    }
+
+    /// Writes the final record, the curves and the model.
+    pub async fn finish<B: Backend + Clone>(
+        &mut self,
+        eval: &EvalRecord,
+        summary: &Summary,
+        ps: &PsClient,
+        net: &Net<B>,
+        spec: &JobSpec,
+    ) -> anyhow::Result<()> {
+        self.flush()?;
+        let Some(dir) = self.dir.clone() else {
+            return Ok(());
+        };
+        let clocks = summary.clocks.max(1) as f64;
+        let fin = FinalRecord {
+            job: spec.name.clone(),
+            model: spec.model.clone(),
+            dataset: spec.dataset.clone(),
+            eval: eval.clone(),
+            clocks: summary.clocks,
+            wire_bytes: summary.wire_bytes,
+            raw_bytes: summary.raw_bytes,
+            wire_bytes_per_step: summary.wire_bytes as f64 / clocks,
+            raw_bytes_per_step: summary.raw_bytes as f64 / clocks,
+            dense_pulls: summary.dense_pulls,
+        };
+        std::fs::write(dir.join("job.json"), serde_json::to_vec_pretty(spec)?)?;
+        export_model(&dir.join("model.safetensors"), ps, net, spec).await?;
+        plot_curves(&dir)?;
+        ps_runtime::config::write_atomic(
+            &dir.join("final.json"),
+            &serde_json::to_vec_pretty(&fin)?,
+        )?;
+        Ok(())
+    }
+}
+
+/// Writes the dense tables of `net`, as the shards hold them now, to a safetensors file.
+pub async fn export_model<B: Backend + Clone>(
+    path: &Path,
+    ps: &PsClient,
+    net: &Net<B>,
+    spec: &JobSpec,
+) -> anyhow::Result<()> {
+    let mut tensors = Vec::new();
+    for (name, _) in net.dense_tables() {
+        let shape: Vec<usize> = match spec.table(&name).map(|t| &t.spec.kind) {
+            Some(TableKind::Dense(d)) => d.shape.iter().map(|&x| x as usize).collect(),
+            _ => continue,
+        };
+        let values = ps.pull_dense(&name).await?;
+        tensors.push((name, shape, values));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, shape, v)| {
+            let bytes: &[u8] = bytemuck_cast(v);
+            safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                .map(|t| (n.clone(), t))
+                .map_err(|e| anyhow::anyhow!("tensor {n}: {e}"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let meta = std::collections::HashMap::from([
+        ("job".to_string(), spec.name.clone()),
+        ("model".to_string(), spec.model.clone()),
+        ("dataset".to_string(), spec.dataset.clone()),
+    ]);
+    let bytes = safetensors::tensor::serialize(views, Some(meta))
+        .map_err(|e| anyhow::anyhow!("serializing the model: {e}"))?;
+    ps_runtime::config::write_atomic(path, &bytes)?;
+    Ok(())
+}
+
+/// f32 values as their little-endian bytes (the machines this runs on are little-endian).
+fn bytemuck_cast(v: &[f32]) -> &[u8] {
+    bytemuck::cast_slice(v)
+}
+
+/// Draws `curves.svg` from the run's `eval.jsonl`: training and test loss, training and test
+/// accuracy, against the examples the evaluating worker has seen. Plain SVG, no fonts needed.
+pub fn plot_curves(dir: &Path) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(dir.join("eval.jsonl")).unwrap_or_default();
+    let evals: Vec<EvalRecord> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    if evals.is_empty() {
+        return Ok(());
+    }
+    let xs: Vec<f64> = evals.iter().map(|e| e.examples as f64).collect();
+    let loss = Panel {
+        title: "loss",
+        series: vec![
+            (
+                "train",
+                "#1f77b4",
+                evals.iter().map(|e| e.train_loss).collect(),
+            ),
+            (
+                "test",
+                "#d62728",
+                evals.iter().map(|e| e.test_loss).collect(),
+            ),
+        ],
+    };
+    let acc = Panel {
+        title: "accuracy",
+        series: vec![
+            (
+                "train",
+                "#1f77b4",
+                evals.iter().map(|e| e.train_accuracy).collect(),
+            ),
+            (
+                "test",
+                "#d62728",
+                evals.iter().map(|e| e.test_accuracy).collect(),
+            ),
+        ],
+    };
+    let mut svg = String::from(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"960\" height=\"400\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"960\" height=\"400\" fill=\"white\"/>\n",
+    );
+    loss.draw(&mut svg, 0.0, &xs);
+    acc.draw(&mut svg, 480.0, &xs);
+    svg.push_str("</svg>\n");
+    std::fs::write(dir.join("curves.svg"), svg)?;
+    Ok(())
+}
+
+/// One chart of a few series over shared x values.
+struct Panel {
+    title: &'static str,
+    series: Vec<(&'static str, &'static str, Vec<f64>)>,
+}
+
+impl Panel {
+    fn draw(&self, svg: &mut String, left: f64, xs: &[f64]) {
+        use std::fmt::Write as _;
+        let (w, h, pad) = (480.0, 400.0, 50.0);
+        let (x0, x1) = (0.0, xs.iter().copied().fold(1.0, f64::max));
+        let all = self.series.iter().flat_map(|s| s.2.iter().copied());
+        let (mut y0, mut y1) = all.fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+        if y1 - y0 < 1e-9 {
+            (y0, y1) = (y0 - 0.5, y1 + 0.5);
+        }
+        let margin = (y1 - y0) * 0.05;
+        let (y0, y1) = (y0 - margin, y1 + margin);
+        let px = |x: f64| left + pad + (x - x0) / (x1 - x0) * (w - 1.5 * pad);
+        let py = |y: f64| h - pad - (y - y0) / (y1 - y0) * (h - 2.0 * pad);
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.0}\" y=\"24\" font-size=\"16\">{}</text>",
+            left + w / 2.0 - 30.0,
+            self.title
+        );
+        let _ = writeln!(
+            svg,
+            "<rect x=\"{:.1}\" y=\"{pad}\" width=\"{:.1}\" height=\"{:.1}\" fill=\"none\" stroke=\"#888\"/>",
+            left + pad,
+            w - 1.5 * pad,
+            h - 2.0 * pad
+        );
+        for i in 0..=4 {
+            let y = y0 + (y1 - y0) * f64::from(i) / 4.0;
+            let _ = writeln!(
+                svg,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"end\">{y:.3}</text>",
+                left + pad - 4.0,
+                py(y) + 4.0
+            );
+            let x = x0 + (x1 - x0) * f64::from(i) / 4.0;
+            let _ = writeln!(
+                svg,
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{x:.0}</text>",
+                px(x),
+                h - pad + 16.0
+            );
+        }
+        let _ = writeln!(
+            svg,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">examples seen (evaluating worker)</text>",
+            left + w / 2.0,
+            h - 12.0
+        );
+        for (k, (name, colour, ys)) in self.series.iter().enumerate() {
+            let points: Vec<String> = xs
+                .iter()
+                .zip(ys)
+                .map(|(&x, &y)| format!("{:.1},{:.1}", px(x), py(y)))
+                .collect();
+            let _ = writeln!(
+                svg,
+                "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>",
+                points.join(" ")
+            );
+            let ly = pad + 16.0 + 16.0 * k as f64;
+            let _ = writeln!(
+                svg,
+                "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{colour}\" stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\">{name}</text>",
+                left + w - 1.5 * pad - 60.0,
+                left + w - 1.5 * pad - 44.0,
+                left + w - 1.5 * pad - 40.0,
+                ly + 4.0
+            );
+        }
+    }
+}

@@ -1,0 +1,516 @@
+//! The training loop of one worker: join the job, then per clock pull what the step needs
+//! (dense tables when the cache is older than the consistency bound allows; the sparse rows the
+//! batch touches), compute (with optional gradient accumulation over micro-batches), push the
+//! compressed gradients, report the clock and wait as the scheduler says. One worker of a job
+//! also evaluates on the test set at intervals and writes the run's results.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use futures::future::try_join_all;
+use ps_client::scheduler::{ClockDone, Grant, SchedulerClient, WorkerSession};
+use ps_client::{ClientConfig, PsClient};
+use rand::{Rng, SeedableRng};
+use rand_xoshiro::Xoshiro256PlusPlus;
+use tokio_util::sync::CancellationToken;
+
+use crate::backend::{Backend, Cpu};
+use crate::data::{Batch, DatasetSpec, Prefetcher, ShardPlan, Split};
+use crate::link::Link;
+use crate::model::{ModelSpec, Net, SparseRows};
+use crate::run::{EvalRecord, RunDir, StepRecord};
+
+/// How one worker runs.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub scheduler: String,
+    pub job: String,
+    /// The worker's name in the job (unique per job).
+    pub name: String,
+    /// Where the data set's files are, when not in their default place.
+    pub data: Option<PathBuf>,
+    /// The run directory: per-worker metrics; the evaluator's results, curves and model.
+    pub run_dir: Option<PathBuf>,
+    /// This worker evaluates on the test set and writes the final results.
+    pub evaluate: bool,
+    /// Clocks between evaluations (0: once per epoch of this worker).
+    pub eval_every: u64,
+    /// Gradient accumulation: the batch is computed in this many parts.
+    pub micro_batches: usize,
+    /// Examples per clock when the job sets no global batch.
+    pub default_batch: usize,
+    /// Emulated link bandwidth for pushes and pulls, in megabits per second.
+    pub link_mbps: Option<f64>,
+    /// Each clock takes `straggler_factor` times longer with this probability.
+    pub straggler_prob: f64,
+    pub straggler_factor: f64,
+    /// Every clock takes this many times longer (a persistently slower machine).
+    pub slowdown: f64,
+    /// Pull the dense tables every clock, even when the consistency bound allows a cached copy.
+    pub always_pull: bool,
+    pub prefetch_depth: usize,
+}
+
+impl WorkerConfig {
+    pub fn new(scheduler: &str, job: &str, name: &str) -> Self {
+        Self {
+            scheduler: scheduler.to_owned(),
+            job: job.to_owned(),
+            name: name.to_owned(),
+            data: None,
+            run_dir: None,
+            evaluate: false,
+            eval_every: 0,
+            micro_batches: 1,
+            default_batch: 64,
+            link_mbps: None,
+            straggler_prob: 0.0,
+            straggler_factor: 4.0,
+            slowdown: 1.0,
+            always_pull: false,
+            prefetch_depth: 4,
+        }
+    }
+}
+
+/// What a worker did.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub clocks: u64,
+    pub examples: u64,
+    pub wire_bytes: u64,
+    pub raw_bytes: u64,
+    pub dense_pulls: u64,
+    pub final_eval: Option<EvalRecord>,
+}
+
+/// Runs a worker until its job ends or `shutdown` is cancelled.
+pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<Summary> {
+    let sched = SchedulerClient::connect(&cfg.scheduler).await?;
+    let session = WorkerSession::join(sched, &cfg.job, &cfg.name)
+        .await
+        .with_context(|| format!("joining job `{}` at {}", cfg.job, cfg.scheduler))?;
+    let spec = session.spec().clone();
+    let dataset = DatasetSpec::parse(&spec.dataset)?;
+    let model = ModelSpec::parse(&spec.model)?;
+    let data_dir = cfg.data.clone();
+    let seed = spec.seed;
+    let split =
+        tokio::task::spawn_blocking(move || dataset.load(data_dir.as_deref(), seed)).await??;
+    tracing::info!(
+        job = %spec.name, worker = %cfg.name, model = %model.name(), ?split,
+        "joined; data loaded"
+    );
+    let net = Net::new(
+        Cpu,
+        model,
+        &spec.name,
+        split.train.input(),
+        split.train.classes(),
+    )?;
+    for (t, _) in net.dense_tables().iter().chain(&net.sparse_tables()) {
+        if spec.table(t).is_none() {
+            bail!(
+                "job `{}` has no table `{t}`, which model `{}` needs: submit the job with the \
+                 model's tables (psctl submit and psctl local add them)",
+                spec.name,
+                spec.model
+            );
+        }
+    }
+    let mut client_cfg = ClientConfig::new(Vec::<String>::new());
+    // Ride out a shard restart: the client follows the scheduler's map meanwhile.
+    client_cfg.max_attempts = 200;
+    client_cfg.max_backoff = Duration::from_millis(500);
+    let ps = session.ps_client(client_cfg).await?;
+    let trainer = Trainer {
+        link: cfg.link_mbps.map(Link::mbps),
+        run: RunDir::open(cfg.run_dir.as_deref(), &cfg.name, cfg.evaluate)?,
+        rng: Xoshiro256PlusPlus::seed_from_u64(ps_core::hash::combine(
+            seed,
+            ps_core::hash::fnv1a(cfg.name.as_bytes()),
+        )),
+        cfg,
+        ps,
+        net,
+        split,
+        summary: Summary::default(),
+        started: Instant::now(),
+    };
+    trainer.train(session, shutdown).await
+}
+
+struct Trainer<B: Backend + Clone> {
+    cfg: WorkerConfig,
+    ps: PsClient,
+    net: Net<B>,
+    split: Split,
+    link: Option<Link>,
+    run: RunDir,
+    rng: Xoshiro256PlusPlus,
+    summary: Summary,
+    started: Instant,
+}
+
+/// When the dense tables were last pulled: the clock, the job's minimum clock then, the time.
+struct Cache {
+    min_clock: u64,
+    at: Instant,
+}
+
+impl<B: Backend + Clone> Trainer<B> {
+    async fn train(
+        mut self,
+        mut session: WorkerSession,
+        shutdown: CancellationToken,
+    ) -> anyhow::Result<Summary> {
+        let spec = session.spec().clone();
+        let bound = spec.consistency.bound();
+        let mut grant = tokio::select! {
+            g = session.start() => g?,
+            () = shutdown.cancelled() => return Ok(self.summary),
+        };
+        let plan = ShardPlan::new(
+            self.split.train.len(),
+            grant.num_data_shards.max(1) as usize,
+            spec.seed,
+        );
+        let default_batch = self.cfg.default_batch;
+        let batch_of = |g: &Grant| {
+            if g.batch_size > 0 {
+                g.batch_size as usize
+            } else {
+                default_batch
+            }
+        };
+        let prefetch = Prefetcher::start(
+            self.split.train.clone(),
+            plan,
+            &grant.data_shards,
+            batch_of(&grant),
+            self.cfg.prefetch_depth,
+            spec.seed,
+        );
+        let mut cache: Option<Cache> = None;
+        let mut last_eval_epoch = 0;
+        let mut window = Window::default();
+        while !grant.stop {
+            if shutdown.is_cancelled() {
+                break;
+            }
+            prefetch.control().set_shards(&grant.data_shards);
+            prefetch.control().set_batch(batch_of(&grant));
+            // Pull the dense tables when the cache is older than the bound allows: at clock c
+            // the step must see every update of clocks below c - s, and a pull made when the
+            // slowest worker was at m holds those below m.
+            let stale = match (&cache, bound) {
+                (None, _) | (_, None) => true,
+                (Some(c), Some(s)) => grant.clock > c.min_clock + s,
+            };
+            if stale || self.cfg.always_pull {
+                self.pull_dense().await?;
+                cache = Some(Cache {
+                    min_clock: grant.min_clock,
+                    at: Instant::now(),
+                });
+            }
+            let t0 = Instant::now();
+            let batch = tokio::task::block_in_place(|| prefetch.next())
+                .context("the prefetch thread stopped")?;
+            let waited_data = t0.elapsed();
+            if !matches!(self.net.sparse_tables().len(), 0) {
+                self.pull_rows(&batch).await?;
+            }
+            // Scale so the sum over every worker's push is the mean over the global batch.
+            let global = if spec.global_batch > 0 {
+                spec.global_batch as f32
+            } else {
+                (batch.len() * spec.num_workers as usize) as f32
+            };
+            let compute_start = Instant::now();
+            let (loss, correct) =
+                tokio::task::block_in_place(|| self.compute(&batch, 1.0 / global.max(1.0)))?;
+            let mut compute = compute_start.elapsed();
+            // Emulated slow machines: a persistent factor and transient stragglers.
+            let mut factor = self.cfg.slowdown.max(1.0);
+            if self.cfg.straggler_prob > 0.0 && self.rng.random::<f64>() < self.cfg.straggler_prob {
+                factor *= self.cfg.straggler_factor.max(1.0);
+            }
+            if factor > 1.0 {
+                let extra = compute.mul_f64(factor - 1.0);
+                tokio::time::sleep(extra).await;
+                compute += extra;
+            }
+            let (wire, raw) = self.push().await?;
+            let param_age = cache.as_ref().map_or(Duration::ZERO, |c| c.at.elapsed());
+            self.summary.clocks += 1;
+            self.summary.examples += batch.len() as u64;
+            self.summary.wire_bytes += wire;
+            self.summary.raw_bytes += raw;
+            window.add(batch.len(), loss, correct);
+            let done_clock = grant.clock;
+            let wait_start = Instant::now();
+            grant = tokio::select! {
+                g = session.advance(ClockDone {
+                    examples: batch.len() as u64,
+                    compute: Some(compute),
+                    param_age,
+                }) => g?,
+                () = shutdown.cancelled() => break,
+            };
+            let wait = wait_start.elapsed();
+            self.run.step(&StepRecord {
+                worker: self.cfg.name.clone(),
+                clock: done_clock,
+                epoch: batch.epoch,
+                examples: batch.len(),
+                loss: loss / batch.len().max(1) as f64,
+                accuracy: correct as f64 / batch.len().max(1) as f64,
+                compute_ms: compute.as_secs_f64() * 1e3,
+                wait_ms: wait.as_secs_f64() * 1e3,
+                data_wait_ms: waited_data.as_secs_f64() * 1e3,
+                wire_bytes: wire,
+                raw_bytes: raw,
+                elapsed_s: self.started.elapsed().as_secs_f64(),
+            })?;
+            let due = if self.cfg.eval_every > 0 {
+                (done_clock + 1).is_multiple_of(self.cfg.eval_every)
+            } else {
+                batch.epoch > last_eval_epoch
+            };
+            if self.cfg.evaluate && due && !grant.stop {
+                last_eval_epoch = batch.epoch;
+                let e = self.evaluate(done_clock + 1, batch.epoch, &window).await?;
+                tracing::info!(
+                    clock = done_clock + 1,
+                    test_accuracy = e.test_accuracy,
+                    "evaluated"
+                );
+                window = Window::default();
+            }
+        }
+        drop(prefetch);
+        if self.cfg.evaluate && !shutdown.is_cancelled() {
+            let epoch = self.summary.examples * u64::from(spec.num_workers)
+                / self.split.train.len().max(1) as u64;
+            let e = self.evaluate(grant.clock, epoch, &window).await?;
+            self.run
+                .finish(&e, &self.summary, &self.ps, &self.net, &spec)
+                .await?;
+            self.summary.final_eval = Some(e);
+        }
+        self.run.flush()?;
+        session.leave().await.ok();
+        Ok(self.summary)
+    }
+
+    async fn pull_dense(&mut self) -> anyhow::Result<()> {
+        let tables = self.net.dense_tables();
+        let ps = &self.ps;
+        let pulled = try_join_all(tables.iter().map(|(t, _)| ps.pull_dense(t))).await?;
+        let mut bytes = 0;
+        for ((t, _), v) in tables.iter().zip(&pulled) {
+            self.net.set_dense(t, v)?;
+            bytes += v.len() as u64 * 4;
+        }
+        if let Some(link) = &self.link {
+            link.pass(bytes).await;
+        }
+        self.summary.dense_pulls += 1;
+        Ok(())
+    }
+
+    async fn pull_rows(&mut self, batch: &Batch) -> anyhow::Result<()> {
+        let ids = SparseRows::ids_of(batch);
+        let tables = self.net.sparse_tables();
+        let ps = &self.ps;
+        let pulled = try_join_all(tables.iter().map(|(t, _)| ps.pull_sparse(t, &ids))).await?;
+        let mut rows = SparseRows {
+            ids,
+            ..Default::default()
+        };
+        let mut bytes = rows.ids.len() as u64 * 8 * tables.len() as u64;
+        for ((t, _), v) in tables.iter().zip(pulled) {
+            bytes += v.len() as u64 * 4;
+            if t.ends_with("/emb") {
+                rows.emb = v;
+            } else {
+                rows.wide = v;
+            }
+        }
+        if let Some(link) = &self.link {
+            link.pass(bytes).await;
+        }
+        self.net.set_rows(&rows)?;
+        Ok(())
+    }
+
+    /// Forward and backward over the batch in micro-batches; returns the summed loss and hits.
+    fn compute(&mut self, batch: &Batch, scale: f32) -> anyhow::Result<(f64, usize)> {
+        self.net.zero_grads()?;
+        let parts = self.cfg.micro_batches.clamp(1, batch.len().max(1));
+        let mut probs = Vec::new();
+        let (mut loss, mut correct) = (0.0, 0);
+        for p in 0..parts {
+            let range = p * batch.len() / parts..(p + 1) * batch.len() / parts;
+            let part;
+            let mb = if parts == 1 {
+                batch
+            } else {
+                part = batch.slice(range);
+                &part
+            };
+            let s = self.net.step(mb, scale, true, &mut probs)?;
+            loss += s.loss;
+            correct += s.correct;
+        }
+        Ok((loss, correct))
+    }
+
+    /// Pushes the clock's gradients; returns the bytes on the wire and their f32 size.
+    async fn push(&mut self) -> anyhow::Result<(u64, u64)> {
+        let grads = self.net.grads()?;
+        let ps = &self.ps;
+        let dense = try_join_all(grads.dense.iter().map(|(t, g)| ps.push_dense(t, g)));
+        let sparse = try_join_all(
+            grads
+                .sparse
+                .iter()
+                .map(|(t, ids, rows)| ps.push_sparse(t, ids, rows)),
+        );
+        let (dense, sparse) = tokio::try_join!(dense, sparse)?;
+        let ids: u64 = grads
+            .sparse
+            .iter()
+            .map(|(_, ids, _)| ids.len() as u64 * 8)
+            .sum();
+        let wire = dense
+            .iter()
+            .chain(&sparse)
+            .map(|s| s.wire_bytes)
+            .sum::<u64>()
+            + ids;
+        let raw = dense
+            .iter()
+            .chain(&sparse)
+            .map(|s| s.raw_bytes)
+            .sum::<u64>()
+            + ids;
+        if let Some(link) = &self.link {
+            link.pass(wire).await;
+        }
+        Ok((wire, raw))
+    }
+
+    /// Evaluates the current model (freshly pulled) on the test set.
+    async fn evaluate(
+        &mut self,
+        clock: u64,
+        epoch: u64,
+        window: &Window,
+    ) -> anyhow::Result<EvalRecord> {
+        self.pull_dense().await?;
+        let test = self.split.test.clone();
+        let mut batch = Batch::empty(test.input());
+        let (mut loss, mut correct) = (0.0, 0usize);
+        let mut scored: Vec<(f32, u32)> = Vec::new();
+        let mut probs = Vec::new();
+        let n = test.len();
+        let step = 1000;
+        for start in (0..n).step_by(step) {
+            let idx: Vec<usize> = (start..(start + step).min(n)).collect();
+            test.gather(&idx, &mut batch);
+            if !self.net.sparse_tables().is_empty() {
+                self.pull_rows(&batch).await?;
+            }
+            let s = tokio::task::block_in_place(|| self.net.step(&batch, 1.0, false, &mut probs))?;
+            loss += s.loss;
+            correct += s.correct;
+            scored.extend(probs.iter().copied().zip(batch.labels.iter().copied()));
+        }
+        let e = EvalRecord {
+            clock,
+            epoch,
+            test_loss: loss / n.max(1) as f64,
+            test_accuracy: correct as f64 / n.max(1) as f64,
+            auc: (!scored.is_empty()).then(|| auc(&mut scored)),
+            train_loss: window.loss(),
+            train_accuracy: window.accuracy(),
+            examples: self.summary.examples,
+            wire_bytes: self.summary.wire_bytes,
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+        };
+        self.run.eval(&e)?;
+        Ok(e)
+    }
+}
+
+/// Training loss and accuracy since the last evaluation.
+#[derive(Debug, Default)]
+struct Window {
+    examples: usize,
+    loss: f64,
+    correct: usize,
+}
+
+impl Window {
+    fn add(&mut self, n: usize, loss: f64, correct: usize) {
+        self.examples += n;
+        self.loss += loss;
+        self.correct += correct;
+    }
+
+    fn loss(&self) -> f64 {
+        self.loss / self.examples.max(1) as f64
+    }
+
+    fn accuracy(&self) -> f64 {
+        self.correct as f64 / self.examples.max(1) as f64
+    }
+}
+
+/// Area under the ROC curve of (score, 0/1 label) pairs: the chance that a random positive
+/// scores above a random negative (ties count half).
+pub fn auc(scored: &mut [(f32, u32)]) -> f64 {
+    scored.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let pos = scored.iter().filter(|s| s.1 == 1).count() as f64;
+    let neg = scored.len() as f64 - pos;
+    if pos == 0.0 || neg == 0.0 {
+        return 0.5;
+    }
+    // Sum of the positives' ranks, ties given their mean rank.
+    let mut rank_sum = 0.0;
+    let mut i = 0;
+    while i < scored.len() {
+        let mut j = i;
+        while j < scored.len() && scored[j].0 == scored[i].0 {
+            j += 1;
+        }
+        let mean_rank = (i + j + 1) as f64 / 2.0;
+        rank_sum += mean_rank * scored[i..j].iter().filter(|s| s.1 == 1).count() as f64;
+        i = j;
+    }
+    (rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg)
+}
+
+/// The data a job names, loaded as a worker would (for tools that plan or evaluate a job).
+pub fn load_job_data(
+    dataset: &str,
+    data: Option<&std::path::Path>,
+    seed: u64,
+) -> anyhow::Result<Split> {
+    Ok(DatasetSpec::parse(dataset)?.load(data, seed)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::auc;
+
+    #[test]
+    fn auc_of_known_rankings() {
+        assert_eq!(auc(&mut [(0.1, 0), (0.4, 0), (0.35, 1), (0.8, 1)]), 0.75);
+        assert_eq!(auc(&mut [(0.9, 1), (0.1, 0)]), 1.0);
+        assert_eq!(auc(&mut [(0.5, 1), (0.5, 0)]), 0.5);
+    }
+}
