@@ -231,6 +231,26 @@ impl Dataset for DenseSet {
     }
 }
 
+/// The batch's sparse buffers, emptied, to refill without allocating.
+pub(crate) fn take_sparse(out: &mut Batch) -> (Vec<u32>, Vec<u64>, Vec<f32>) {
+    let empty = Features::Dense {
+        dim: 0,
+        values: Vec::new(),
+    };
+    let (mut offsets, mut ids, mut values) = match std::mem::replace(&mut out.features, empty) {
+        Features::Sparse {
+            offsets,
+            ids,
+            values,
+        } => (offsets, ids, values),
+        Features::Dense { .. } => Default::default(),
+    };
+    offsets.clear();
+    ids.clear();
+    values.clear();
+    (offsets, ids, values)
+}
+
 /// Sparse examples held in memory, row after row (CSR).
 #[derive(Debug, Clone, Default)]
 pub struct SparseSet {
@@ -277,23 +297,7 @@ impl Dataset for SparseSet {
     fn gather(&self, indices: &[usize], out: &mut Batch) {
         out.labels.clear();
         out.labels.extend(indices.iter().map(|&i| self.labels[i]));
-        let (mut offsets, mut ids, mut values) = match std::mem::replace(
-            &mut out.features,
-            Features::Dense {
-                dim: 0,
-                values: Vec::new(),
-            },
-        ) {
-            Features::Sparse {
-                offsets,
-                ids,
-                values,
-            } => (offsets, ids, values),
-            Features::Dense { .. } => Default::default(),
-        };
-        offsets.clear();
-        ids.clear();
-        values.clear();
+        let (mut offsets, mut ids, mut values) = take_sparse(out);
         offsets.push(0);
         for &i in indices {
             let (s, e) = (self.offsets[i] as usize, self.offsets[i + 1] as usize);

@@ -148,23 +148,7 @@ impl Dataset for SyntheticCtr {
 
     fn gather(&self, indices: &[usize], out: &mut Batch) {
         out.labels.clear();
-        let (mut offsets, mut ids, mut values) = match std::mem::replace(
-            &mut out.features,
-            Features::Dense {
-                dim: 0,
-                values: Vec::new(),
-            },
-        ) {
-            Features::Sparse {
-                offsets,
-                ids,
-                values,
-            } => (offsets, ids, values),
-            Features::Dense { .. } => Default::default(),
-        };
-        offsets.clear();
-        ids.clear();
-        values.clear();
+        let (mut offsets, mut ids, mut values) = super::take_sparse(out);
         offsets.push(0);
         for &i in indices {
             let (_, label) = self.example(i, &mut ids);
