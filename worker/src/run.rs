@@ -191,17 +191,18 @@ pub async fn export_model<B: Backend + Clone>(
 ) -> anyhow::Result<()> {
     let mut tensors = Vec::new();
     for (name, _) in net.dense_tables() {
-        let shape: Vec<usize> = match spec.table(&name).map(|t| &t.spec.kind) {
+        let shape: Vec<usize> = match spec.table(name).map(|t| &t.spec.kind) {
             Some(TableKind::Dense(d)) => d.shape.iter().map(|&x| x as usize).collect(),
             _ => continue,
         };
-        let values = ps.pull_dense(&name).await?;
-        tensors.push((name, shape, values));
+        let values = ps.pull_dense(name).await?;
+        tensors.push((name.clone(), shape, values));
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
         .iter()
         .map(|(n, shape, v)| {
-            let bytes: &[u8] = bytemuck_cast(v);
+            // f32 as little-endian bytes (every machine this runs on is little-endian).
+            let bytes: &[u8] = bytemuck::cast_slice(v);
             safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
                 .map(|t| (n.clone(), t))
                 .map_err(|e| anyhow::anyhow!("tensor {n}: {e}"))
@@ -216,11 +217,6 @@ pub async fn export_model<B: Backend + Clone>(
         .map_err(|e| anyhow::anyhow!("serializing the model: {e}"))?;
     ps_runtime::config::write_atomic(path, &bytes)?;
     Ok(())
-}
-
-/// f32 values as their little-endian bytes (the machines this runs on are little-endian).
-fn bytemuck_cast(v: &[f32]) -> &[u8] {
-    bytemuck::cast_slice(v)
 }
 
 /// Draws `curves.svg` from the run's `eval.jsonl`: training and test loss, training and test

@@ -109,7 +109,7 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> anyhow::Resu
         split.train.input(),
         split.train.classes(),
     )?;
-    for (t, _) in net.dense_tables().iter().chain(&net.sparse_tables()) {
+    for (t, _) in net.dense_tables().iter().chain(net.sparse_tables()) {
         if spec.table(t).is_none() {
             bail!(
                 "job `{}` has no table `{t}`, which model `{}` needs: submit the job with the \
@@ -219,7 +219,7 @@ impl<B: Backend + Clone> Trainer<B> {
             let batch = tokio::task::block_in_place(|| prefetch.next())
                 .context("the prefetch thread stopped")?;
             let waited_data = t0.elapsed();
-            if !matches!(self.net.sparse_tables().len(), 0) {
+            if !self.net.sparse_tables().is_empty() {
                 self.pull_rows(&batch).await?;
             }
             // Scale so the sum over every worker's push is the mean over the global batch.
@@ -306,7 +306,7 @@ impl<B: Backend + Clone> Trainer<B> {
     }
 
     async fn pull_dense(&mut self) -> anyhow::Result<()> {
-        let tables = self.net.dense_tables();
+        let tables = self.net.dense_tables().to_vec();
         let ps = &self.ps;
         let pulled = try_join_all(tables.iter().map(|(t, _)| ps.pull_dense(t))).await?;
         let mut bytes = 0;
@@ -326,19 +326,15 @@ impl<B: Backend + Clone> Trainer<B> {
         let tables = self.net.sparse_tables();
         let ps = &self.ps;
         let pulled = try_join_all(tables.iter().map(|(t, _)| ps.pull_sparse(t, &ids))).await?;
-        let mut rows = SparseRows {
+        let bytes =
+            (ids.len() * 8 * pulled.len() + pulled.iter().map(Vec::len).sum::<usize>() * 4) as u64;
+        // In the order of sparse_tables: wide, then emb.
+        let mut pulled = pulled.into_iter();
+        let rows = SparseRows {
             ids,
-            ..Default::default()
+            wide: pulled.next().unwrap_or_default(),
+            emb: pulled.next().unwrap_or_default(),
         };
-        let mut bytes = rows.ids.len() as u64 * 8 * tables.len() as u64;
-        for ((t, _), v) in tables.iter().zip(pulled) {
-            bytes += v.len() as u64 * 4;
-            if t.ends_with("/emb") {
-                rows.emb = v;
-            } else {
-                rows.wide = v;
-            }
-        }
         if let Some(link) = &self.link {
             link.pass(bytes).await;
         }
@@ -492,15 +488,6 @@ pub fn auc(scored: &mut [(f32, u32)]) -> f64 {
         i = j;
     }
     (rank_sum - pos * (pos + 1.0) / 2.0) / (pos * neg)
-}
-
-/// The data a job names, loaded as a worker would (for tools that plan or evaluate a job).
-pub fn load_job_data(
-    dataset: &str,
-    data: Option<&std::path::Path>,
-    seed: u64,
-) -> anyhow::Result<Split> {
-    Ok(DatasetSpec::parse(dataset)?.load(data, seed)?)
 }
 
 #[cfg(test)]

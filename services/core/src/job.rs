@@ -190,19 +190,12 @@ impl JobSpec {
                     codec: Codec::default(),
                 },
                 Some(s) => {
-                    let init = table.initializer;
-                    let mut spec = if s.sets_optimizer() {
+                    let spec = if s.sets_optimizer() {
                         table.with_optimizer(s.optimizer()?)?
                     } else {
                         table
                     };
-                    let mut jt = s.finish(spec.clone())?;
-                    // The model's initializer stays unless the section names one.
-                    if s.init.is_none() {
-                        spec = jt.spec.with_initializer(init)?;
-                        jt.spec = spec;
-                    }
-                    jt
+                    s.finish(spec)?
                 }
             };
             spec.tables.push(table);
@@ -510,10 +503,12 @@ impl TableToml {
         Ok(optimizer)
     }
 
-    /// Applies the initializer, non-finite policy and codec to `spec`.
+    /// Applies the initializer (when the file names one; the spec keeps its own otherwise),
+    /// the non-finite policy and the codec to `spec`.
     fn finish(&self, mut spec: TableSpec) -> Result<JobTable, ValidationError> {
         let init = match self.init.as_deref() {
-            None | Some("zeros") => Initializer::ZEROS,
+            None => spec.initializer,
+            Some("zeros") => Initializer::ZEROS,
             Some("uniform") => Initializer::uniform(
                 self.init_low.unwrap_or(-0.05),
                 self.init_high.unwrap_or(0.05),

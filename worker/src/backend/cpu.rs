@@ -284,9 +284,7 @@ impl Backend for Cpu {
         same_len("bag_forward out", out.len(), bags.len() * dim)?;
         out.fill(0.0);
         for (b, o) in out.chunks_exact_mut(dim).enumerate() {
-            let (s, e) = (bags.offsets[b] as usize, bags.offsets[b + 1] as usize);
-            for (&r, &w) in bags.rows[s..e].iter().zip(&bags.weights[s..e]) {
-                let r = r as usize;
+            for (r, w) in bags.bag(b) {
                 for (o, t) in o.iter_mut().zip(&table[r * dim..(r + 1) * dim]) {
                     *o += w * t;
                 }
@@ -306,9 +304,7 @@ impl Backend for Cpu {
         bags.check(rows)?;
         same_len("bag_backward dout", dout.len(), bags.len() * dim)?;
         for (b, d) in dout.chunks_exact(dim).enumerate() {
-            let (s, e) = (bags.offsets[b] as usize, bags.offsets[b + 1] as usize);
-            for (&r, &w) in bags.rows[s..e].iter().zip(&bags.weights[s..e]) {
-                let r = r as usize;
+            for (r, w) in bags.bag(b) {
                 for (t, d) in dtable[r * dim..(r + 1) * dim].iter_mut().zip(d) {
                     *t += w * d;
                 }

@@ -59,6 +59,15 @@ impl Bags {
         self.len() == 0
     }
 
+    /// Bag `b`'s (row, weight) pairs.
+    pub fn bag(&self, b: usize) -> impl Iterator<Item = (usize, f32)> + '_ {
+        let (s, e) = (self.offsets[b] as usize, self.offsets[b + 1] as usize);
+        self.rows[s..e]
+            .iter()
+            .zip(&self.weights[s..e])
+            .map(|(&r, &w)| (r as usize, w))
+    }
+
     /// Checks that the bags are well formed for a table of `num_rows` rows.
     pub fn check(&self, num_rows: usize) -> Result<()> {
         let n = self.rows.len();

@@ -109,6 +109,9 @@ pub fn load_csv(path: &Path, schema: &TabularSchema, seed: u64) -> Result<Split>
         .map(|(a, b)| Ok((col(a)?, col(b)?)))
         .collect::<Result<_>>()?;
     let rows: Vec<Vec<String>> = lines.map(fields).collect();
+    let held_out: Vec<bool> = (0..rows.len())
+        .map(|i| is_test(i, seed, schema.test_fraction))
+        .collect();
     for (i, r) in rows.iter().enumerate() {
         if r.len() != header.len() {
             return Err(format_err(
@@ -128,7 +131,7 @@ pub fn load_csv(path: &Path, schema: &TabularSchema, seed: u64) -> Result<Split>
         let mut vals: Vec<f64> = rows
             .iter()
             .enumerate()
-            .filter(|(i, _)| !is_test(*i, seed, schema.test_fraction))
+            .filter(|(i, _)| !held_out[*i])
             .filter_map(|(_, r)| r[c].parse::<f64>().ok())
             .filter(|v| v.is_finite())
             .collect();
@@ -170,11 +173,7 @@ pub fn load_csv(path: &Path, schema: &TabularSchema, seed: u64) -> Result<Split>
             feats.push((feature_id(&name, &format!("{}|{}", r[a], r[b])), 1.0));
         }
         let label = u32::from(positive(&r[label_col]));
-        let set = if is_test(i, seed, schema.test_fraction) {
-            &mut test
-        } else {
-            &mut train
-        };
+        let set = if held_out[i] { &mut test } else { &mut train };
         set.push(label, feats.iter().copied());
     }
     if train.labels.is_empty() {

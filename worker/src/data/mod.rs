@@ -202,20 +202,7 @@ impl Dataset for DenseSet {
         out.labels.clear();
         out.labels.extend(indices.iter().map(|&i| self.labels[i]));
         let dim = self.dim;
-        let mut values = match std::mem::replace(
-            &mut out.features,
-            Features::Sparse {
-                offsets: Vec::new(),
-                ids: Vec::new(),
-                values: Vec::new(),
-            },
-        ) {
-            Features::Dense { mut values, .. } => {
-                values.clear();
-                values
-            }
-            Features::Sparse { .. } => Vec::new(),
-        };
+        let mut values = take_dense(out);
         values.reserve(indices.len() * dim);
         for &i in indices {
             match &self.values {
@@ -228,6 +215,21 @@ impl Dataset for DenseSet {
             }
         }
         out.features = Features::Dense { dim, values };
+    }
+}
+
+/// The batch's dense buffer, emptied, to refill without allocating.
+pub(crate) fn take_dense(out: &mut Batch) -> Vec<f32> {
+    let empty = Features::Dense {
+        dim: 0,
+        values: Vec::new(),
+    };
+    match std::mem::replace(&mut out.features, empty) {
+        Features::Dense { mut values, .. } => {
+            values.clear();
+            values
+        }
+        Features::Sparse { .. } => Vec::new(),
     }
 }
 
@@ -465,13 +467,12 @@ impl DatasetSpec {
                 load_adult(&path, seed)
             }
             Self::Libsvm { train, test } => {
-                let tr = read_libsvm(train)?;
-                let te = match test {
+                let mut tr = read_libsvm(train)?;
+                let mut te = match test {
                     Some(t) => read_libsvm(t)?,
                     None => SparseSet::new(tr.classes),
                 };
                 let classes = tr.classes.max(te.classes);
-                let (mut tr, mut te) = (tr, te);
                 tr.classes = classes;
                 te.classes = classes;
                 Ok(Split {

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, bounded};
+use crossbeam_channel::{Receiver, bounded};
 use parking_lot::Mutex;
 
 use super::{Batch, Dataset, EpochOrder, ShardPlan};
@@ -107,19 +107,10 @@ impl Prefetcher {
         &self.control
     }
 
-    /// The next batch (waits for it). `None` only if the reader thread died.
+    /// The next batch (waits for it). `None` only if the reader thread died (its end of the
+    /// queue is dropped with it).
     pub fn next(&self) -> Option<Batch> {
-        loop {
-            match self.rx.recv_timeout(std::time::Duration::from_secs(1)) {
-                Ok(b) => return Some(b),
-                Err(RecvTimeoutError::Timeout) => {
-                    if self.thread.as_ref().is_some_and(|t| t.is_finished()) {
-                        return None;
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => return None,
-            }
-        }
+        self.rx.recv().ok()
     }
 
     /// Batches waiting in the queue.
@@ -131,13 +122,9 @@ impl Prefetcher {
 impl Drop for Prefetcher {
     fn drop(&mut self) {
         self.control.stop.store(true, Ordering::Relaxed);
-        // Unblock a send on a full queue, then let the thread see `stop`.
-        while self.rx.try_recv().is_ok() {}
+        // Dropping the queue's receiving end fails the thread's next (or blocked) send.
+        drop(std::mem::replace(&mut self.rx, crossbeam_channel::never()));
         if let Some(t) = self.thread.take() {
-            while !t.is_finished() {
-                while self.rx.try_recv().is_ok() {}
-                std::thread::yield_now();
-            }
             let _ = t.join();
         }
     }

@@ -56,19 +56,7 @@ impl Dataset for SyntheticDense {
 
     fn gather(&self, indices: &[usize], out: &mut Batch) {
         out.labels.clear();
-        let mut values = match std::mem::replace(
-            &mut out.features,
-            Features::Dense {
-                dim: self.dim,
-                values: Vec::new(),
-            },
-        ) {
-            Features::Dense { mut values, .. } => {
-                values.clear();
-                values
-            }
-            Features::Sparse { .. } => Vec::new(),
-        };
+        let mut values = super::take_dense(out);
         for &i in indices {
             let mut r = rng(self.seed, self.part, i as u64);
             let c = r.random_range(0..self.classes);

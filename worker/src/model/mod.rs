@@ -257,6 +257,10 @@ pub struct Net<B: Backend> {
     input: Input,
     classes: usize,
     layers: Vec<Layer<B>>,
+    /// The tables, as [`ModelSpec::tables`] names them: dense (wide_bias first for sparse
+    /// models, then w0, b0, w1, ...) with their lengths, sparse (wide, then emb) with their dims.
+    dense: Vec<(String, usize)>,
+    sparse: Vec<(String, usize)>,
     /// Sparse part: the embedding dim (0 = none) and the bias of the wide part.
     emb_dim: Option<usize>,
     wide_bias: f32,
@@ -312,6 +316,16 @@ impl<B: Backend + Clone> Net<B> {
             ModelSpec::WideDeep { dim, .. } => Some(*dim),
             ModelSpec::Mlp { .. } => None,
         };
+        let tables = spec.tables(prefix, input, classes, 0)?;
+        let dense = tables
+            .iter()
+            .filter_map(|t| Some((t.name.to_string(), t.dense_shape()?.len() as usize)))
+            .collect();
+        let sparse = tables
+            .iter()
+            .filter(|t| t.dense_shape().is_none())
+            .map(|t| (t.name.to_string(), t.row_dim()))
+            .collect();
         Ok(Self {
             backend,
             spec,
@@ -319,6 +333,8 @@ impl<B: Backend + Clone> Net<B> {
             input,
             classes,
             layers,
+            dense,
+            sparse,
             emb_dim,
             wide_bias: 0.0,
             rows: None,
@@ -334,76 +350,51 @@ impl<B: Backend + Clone> Net<B> {
         &self.backend
     }
 
-    fn table(&self, local: &str) -> String {
-        format!("{}/{local}", self.prefix)
-    }
-
     /// The dense tables and their lengths, in a fixed order.
-    pub fn dense_tables(&self) -> Vec<(String, usize)> {
-        let mut v = Vec::new();
-        if self.emb_dim.is_some() {
-            v.push((self.table("wide_bias"), 1));
-        }
-        for (l, layer) in self.layers.iter().enumerate() {
-            v.push((self.table(&format!("w{l}")), layer.fan_in * layer.fan_out));
-            v.push((self.table(&format!("b{l}")), layer.fan_out));
-        }
-        v
+    pub fn dense_tables(&self) -> &[(String, usize)] {
+        &self.dense
     }
 
-    /// The sparse tables and their dims.
-    pub fn sparse_tables(&self) -> Vec<(String, usize)> {
-        match self.emb_dim {
-            None => Vec::new(),
-            Some(0) => vec![(self.table("wide"), 1)],
-            Some(d) => vec![(self.table("wide"), 1), (self.table("emb"), d)],
-        }
+    /// The sparse tables and their dims: `wide`, then `emb` when the model has one.
+    pub fn sparse_tables(&self) -> &[(String, usize)] {
+        &self.sparse
     }
 
     /// Loads dense table `name` (as pulled).
     pub fn set_dense(&mut self, name: &str, values: &[f32]) -> Result<()> {
-        let local = name
-            .strip_prefix(&self.prefix)
-            .and_then(|n| n.strip_prefix('/'))
-            .unwrap_or(name);
-        let mismatch = |want: usize| {
-            ModelError::Backend(BackendError::Shape {
+        let (i, want) = self
+            .dense
+            .iter()
+            .position(|(n, _)| n == name)
+            .map(|i| (i, self.dense[i].1))
+            .ok_or_else(|| ModelError::Mismatch {
+                model: self.spec.name(),
+                detail: format!("no dense table `{name}` in this model"),
+            })?;
+        if values.len() != want {
+            return Err(ModelError::Backend(BackendError::Shape {
                 op: "set_dense",
                 detail: format!(
                     "table `{name}` has {} values, the model wants {want}",
                     values.len()
                 ),
-            })
-        };
-        if local == "wide_bias" && self.emb_dim.is_some() {
-            if values.len() != 1 {
-                return Err(mismatch(1));
-            }
-            self.wide_bias = values[0];
-            return Ok(());
+            }));
         }
-        let (kind, l) = local.split_at(1.min(local.len()));
-        let layer = l
-            .parse::<usize>()
-            .ok()
-            .and_then(|l| self.layers.get_mut(l))
-            .ok_or_else(|| ModelError::Mismatch {
-                model: self.spec.name(),
-                detail: format!("no dense table `{name}` in this model"),
-            })?;
-        let (buf, want) = match kind {
-            "w" => (&mut layer.w, layer.fan_in * layer.fan_out),
-            "b" => (&mut layer.b, layer.fan_out),
-            _ => {
-                return Err(ModelError::Mismatch {
-                    model: self.spec.name(),
-                    detail: format!("no dense table `{name}` in this model"),
-                });
+        // Sparse models list wide_bias before the layers' w and b.
+        let i = match self.emb_dim {
+            Some(_) if i == 0 => {
+                self.wide_bias = values[0];
+                return Ok(());
             }
+            Some(_) => i - 1,
+            None => i,
         };
-        if values.len() != want {
-            return Err(mismatch(want));
-        }
+        let layer = &mut self.layers[i / 2];
+        let buf = if i % 2 == 0 {
+            &mut layer.w
+        } else {
+            &mut layer.b
+        };
         self.backend.write(buf, values)?;
         Ok(())
     }
@@ -648,26 +639,29 @@ impl<B: Backend + Clone> Net<B> {
     pub fn grads(&self) -> Result<Grads> {
         let b = &self.backend;
         let mut g = Grads::default();
+        let mut names = self.dense.iter().map(|(n, _)| n.clone());
+        let mut name = || names.next().expect("a name per dense table");
         if self.emb_dim.is_some() {
-            g.dense
-                .push((self.table("wide_bias"), vec![self.dwide_bias as f32]));
+            g.dense.push((name(), vec![self.dwide_bias as f32]));
         }
-        for (l, layer) in self.layers.iter().enumerate() {
+        for layer in &self.layers {
             let mut dw = vec![0.0; layer.fan_in * layer.fan_out];
             b.download(&layer.dw, &mut dw)?;
             let mut db = vec![0.0; layer.fan_out];
             b.download(&layer.db, &mut db)?;
-            g.dense.push((self.table(&format!("w{l}")), dw));
-            g.dense.push((self.table(&format!("b{l}")), db));
+            g.dense.push((name(), dw));
+            g.dense.push((name(), db));
         }
         if let Some(rows) = &self.rows {
             let mut dwide = vec![0.0; rows.ids.len()];
             b.download(&rows.dwide, &mut dwide)?;
-            g.sparse.push((self.table("wide"), rows.ids.clone(), dwide));
+            g.sparse
+                .push((self.sparse[0].0.clone(), rows.ids.clone(), dwide));
             if let Some(demb) = &rows.demb {
                 let mut host = vec![0.0; b.len(demb)];
                 b.download(demb, &mut host)?;
-                g.sparse.push((self.table("emb"), rows.ids.clone(), host));
+                g.sparse
+                    .push((self.sparse[1].0.clone(), rows.ids.clone(), host));
             }
         }
         Ok(g)

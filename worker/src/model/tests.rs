@@ -101,8 +101,8 @@ fn dense_case(spec: &str) {
     let mut r = Xoshiro256PlusPlus::seed_from_u64(5);
     let mut dense: Vec<(String, Vec<f32>)> = net
         .dense_tables()
-        .into_iter()
-        .map(|(n, len)| (n, random(len, &mut r, 0.5)))
+        .iter()
+        .map(|(n, len)| (n.clone(), random(*len, &mut r, 0.5)))
         .collect();
     for (n, v) in &dense {
         net.set_dense(n, v).unwrap();
@@ -145,8 +145,8 @@ fn sparse_case(spec: &str) {
     };
     let mut dense: Vec<(String, Vec<f32>)> = net
         .dense_tables()
-        .into_iter()
-        .map(|(n, len)| (n, random(len, &mut r, 0.5)))
+        .iter()
+        .map(|(n, len)| (n.clone(), random(*len, &mut r, 0.5)))
         .collect();
     for (n, v) in &dense {
         net.set_dense(n, v).unwrap();
@@ -184,7 +184,7 @@ fn names_round_trip_and_mismatches_are_refused() {
     let names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
     assert_eq!(names, ["j/w0", "j/b0", "j/w1", "j/b1"]);
     let net = Net::new(Cpu, mlp, "j", Input::Dense { dim: 784 }, 10).unwrap();
-    let lens: Vec<usize> = net.dense_tables().into_iter().map(|(_, l)| l).collect();
+    let lens: Vec<usize> = net.dense_tables().iter().map(|(_, l)| *l).collect();
     assert_eq!(lens, [784 * 8, 8, 8 * 10, 10]);
     let wd = ModelSpec::parse("wide-deep:4:6").unwrap();
     let t = wd.tables("c", Input::Sparse, 2, 0).unwrap();
