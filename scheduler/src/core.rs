@@ -624,7 +624,7 @@ impl Scheduler {
     /// Restores every shard to checkpoint `name` (the latest when `None`) and restarts every
     /// live worker at its clock. Workers are held until no clock is being computed.
     pub async fn resume(&self, job: &str, name: Option<&str>) -> Result<JobCheckpoint> {
-        let ckpt = self.with_job(job, |j, _| {
+        let ckpt = self.with_job(job, |j, cluster| {
             let c = match name {
                 Some(n) => j
                     .checkpoints
@@ -645,6 +645,8 @@ impl Scheduler {
             }
             j.checkpointing = true;
             j.resuming = true;
+            // Paused from now on: no clock is granted until the shards are restored.
+            j.refresh(cluster);
             j.wake();
             Ok(c)
         })??;
