@@ -10,7 +10,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod metrics;
-pub mod optim;
+pub use ps_core::optim;
 pub mod registration;
 pub mod service;
 pub mod store;

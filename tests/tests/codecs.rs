@@ -569,3 +569,43 @@ async fn delta_pulls_converge_and_resync() {
     );
     cluster.stop().await;
 }
+
+/// The link emulator sits in the client's transport: a push and a pull of 400 KB through a
+/// 1 MB/s link each take at least 0.4 s (the bucket sleeps for the bytes of the request and of
+/// the answer), and what arrives is unchanged.
+#[tokio::test]
+async fn an_emulated_link_paces_the_transfers() {
+    let cluster = TestCluster::start(1).await;
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.link_mbps = Some(8.0);
+    let ps = PsClient::connect(cfg).await.unwrap();
+    let n = 100_000;
+    ps.create_table(
+        TableSpec::dense("link/w", &[n as u64])
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(1.0))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    // Random mantissas: lz4 cannot shrink them, so the wire carries all 400 KB.
+    let grad: Vec<f32> = (0..n).map(|i| (i as f32 * 0.618).sin()).collect();
+    let t0 = std::time::Instant::now();
+    let pushed = ps.push_dense("link/w", &grad).await.unwrap();
+    let push_time = t0.elapsed();
+    assert!(pushed.wire_bytes >= 400_000);
+    let t1 = std::time::Instant::now();
+    let w = ps.pull_dense("link/w").await.unwrap();
+    let pull_time = t1.elapsed();
+    assert!(
+        push_time.as_secs_f64() >= 0.4 && pull_time.as_secs_f64() >= 0.4,
+        "400 KB each way on a 1 MB/s link took {push_time:?} up and {pull_time:?} down"
+    );
+    let want: Vec<f32> = grad.iter().map(|g| -g).collect();
+    assert_eq!(w, want);
+    // Link speeds that are not positive numbers are refused.
+    let mut bad = ClientConfig::new(cluster.endpoints.clone());
+    bad.link_mbps = Some(0.0);
+    assert!(PsClient::connect(bad).await.is_err());
+    cluster.stop().await;
+}

@@ -16,6 +16,7 @@ use ps_core::JobSpec;
 
 use crate::data::DatasetSpec;
 use crate::run::{EvalRecord, FinalRecord};
+use crate::train::SspRefresh;
 
 /// What `psctl local` trains, and how.
 #[derive(Debug, Clone, clap::Args)]
@@ -85,9 +86,21 @@ pub struct LocalArgs {
     /// Make the last worker this many times slower (a persistently slow machine).
     #[arg(long, default_value_t = 1.0)]
     pub slow_worker: f64,
-    /// Pull dense tables every clock even when the staleness bound allows a cached copy.
+    /// Under SSP: the workers pull the dense tables at every clock, or only when the
+    /// staleness bound requires it (fewer pulls, lower accuracy).
+    #[arg(long, value_enum, default_value_t = SspRefresh::EveryClock)]
+    pub ssp_refresh: SspRefresh,
+    /// Lossy codecs without the error-feedback residual (to measure what it buys).
     #[arg(long)]
-    pub always_pull: bool,
+    pub no_error_feedback: bool,
+    /// Momentum correction (Deep Gradient Compression): the workers apply the momentum (0.9)
+    /// before the codec and the shards plain SGD at --lr. Needs --optimizer momentum; pays
+    /// with sparse codecs, whose error feedback the shards' momentum would amplify.
+    #[arg(long)]
+    pub momentum_correction: bool,
+    /// Where the workers compute: auto (CUDA when a device works, else the CPU), cpu, cuda:N.
+    #[arg(long, default_value = "auto")]
+    pub device: crate::backend::DeviceChoice,
     /// No progress bar (for logs and scripts).
     #[arg(long)]
     pub quiet: bool,
@@ -374,7 +387,11 @@ codec = "{codec}"
         balance = a.balance,
         ckpt = a.checkpoint_every,
         seed = a.seed,
-        optimizer = a.optimizer,
+        optimizer = if a.momentum_correction {
+            "sgd"
+        } else {
+            a.optimizer.as_str()
+        },
         lr = a.lr,
         codec = a.codec,
     )
@@ -391,6 +408,12 @@ pub struct LocalOutcome {
 /// Runs the local cluster to the end of its job.
 pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
     let started = Instant::now();
+    if a.momentum_correction && (a.optimizer != "momentum" || a.job.is_some()) {
+        bail!(
+            "--momentum-correction moves the momentum optimizer to the workers: it needs \
+             --optimizer momentum and no --job file"
+        );
+    }
     let text = match &a.job {
         Some(f) => {
             std::fs::read_to_string(f).with_context(|| format!("reading {}", f.display()))?
@@ -465,8 +488,13 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
         if let Some(l) = a.link_mbps {
             args.extend(["--link-mbps".into(), l.to_string()]);
         }
-        if a.always_pull {
-            args.push("--always-pull".into());
+        args.extend(["--ssp-refresh".into(), a.ssp_refresh.to_string()]);
+        args.extend(["--device".into(), a.device.to_string()]);
+        if a.momentum_correction {
+            args.extend(["--local-momentum".into(), "0.9".into()]);
+        }
+        if a.no_error_feedback {
+            args.push("--no-error-feedback".into());
         }
         if i + 1 == spec.num_workers && a.slow_worker > 1.0 {
             args.extend(["--slowdown".into(), a.slow_worker.to_string()]);

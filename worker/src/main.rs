@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use ps_worker::WorkerConfig;
+use ps_worker::{SspRefresh, WorkerConfig};
 
 #[derive(Debug, Parser)]
 #[command(name = "worker", version, about = "A parameter-server training worker")]
@@ -48,9 +48,21 @@ struct Args {
     /// Every clock takes this many times longer (a persistently slower machine).
     #[arg(long, default_value_t = 1.0)]
     slowdown: f64,
-    /// Pull the dense tables every clock, even when the staleness bound allows a cached copy.
+    /// Under SSP: pull the dense tables at every clock, or only when the staleness bound
+    /// requires it (fewer pulls, lower accuracy).
+    #[arg(long, value_enum, default_value_t = SspRefresh::EveryClock)]
+    ssp_refresh: SspRefresh,
+    /// Send lossy codecs' gradients without the error-feedback residual (to measure what it
+    /// buys; training is worse without it).
     #[arg(long)]
-    always_pull: bool,
+    no_error_feedback: bool,
+    /// Momentum applied here before the codec (momentum correction; the job's tables should
+    /// then use plain SGD). 0: off.
+    #[arg(long, default_value_t = 0.0)]
+    local_momentum: f32,
+    /// Where the model computes: auto (CUDA when a device works, else the CPU), cpu, cuda:N.
+    #[arg(long, env = "PS_DEVICE", default_value = "auto")]
+    device: ps_worker::backend::DeviceChoice,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -71,7 +83,10 @@ async fn main() -> ExitCode {
     cfg.straggler_prob = a.straggler_prob.clamp(0.0, 1.0);
     cfg.straggler_factor = a.straggler_factor;
     cfg.slowdown = a.slowdown;
-    cfg.always_pull = a.always_pull;
+    cfg.ssp_refresh = a.ssp_refresh;
+    cfg.error_feedback = !a.no_error_feedback;
+    cfg.local_momentum = a.local_momentum.clamp(0.0, 0.999);
+    cfg.device = a.device;
     let shutdown = ps_runtime::shutdown::on_signals();
     match ps_worker::run_worker(cfg, shutdown).await {
         Ok(s) => {

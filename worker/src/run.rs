@@ -67,6 +67,8 @@ pub struct EvalRecord {
     /// Bytes the evaluating worker has pushed.
     pub wire_bytes: u64,
     pub elapsed_s: f64,
+    /// `elapsed_s` less the time spent evaluating: the training time behind this model.
+    pub train_s: f64,
 }
 
 /// The run's outcome.
@@ -230,61 +232,79 @@ pub fn plot_curves(dir: &Path) -> anyhow::Result<()> {
     if evals.is_empty() {
         return Ok(());
     }
-    let xs: Vec<f64> = evals.iter().map(|e| e.examples as f64).collect();
-    let loss = Panel {
-        title: "loss",
-        series: vec![
-            (
-                "train",
-                "#1f77b4",
-                evals.iter().map(|e| e.train_loss).collect(),
-            ),
-            (
-                "test",
-                "#d62728",
-                evals.iter().map(|e| e.test_loss).collect(),
-            ),
-        ],
+    let series = |name: &str, colour: &'static str, y: fn(&EvalRecord) -> f64| Series {
+        name: name.to_owned(),
+        colour,
+        points: evals.iter().map(|e| (e.examples as f64, y(e))).collect(),
     };
-    let acc = Panel {
-        title: "accuracy",
-        series: vec![
-            (
-                "train",
-                "#1f77b4",
-                evals.iter().map(|e| e.train_accuracy).collect(),
-            ),
-            (
-                "test",
-                "#d62728",
-                evals.iter().map(|e| e.test_accuracy).collect(),
-            ),
-        ],
-    };
-    let mut svg = String::from(
-        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"960\" height=\"400\" \
-         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"960\" height=\"400\" fill=\"white\"/>\n",
-    );
-    loss.draw(&mut svg, 0.0, &xs);
-    acc.draw(&mut svg, 480.0, &xs);
-    svg.push_str("</svg>\n");
-    std::fs::write(dir.join("curves.svg"), svg)?;
+    let x_label = "examples seen (evaluating worker)";
+    let panels = [
+        Panel {
+            title: "loss".into(),
+            x_label,
+            series: vec![
+                series("train", "#1f77b4", |e| e.train_loss),
+                series("test", "#d62728", |e| e.test_loss),
+            ],
+        },
+        Panel {
+            title: "accuracy".into(),
+            x_label,
+            series: vec![
+                series("train", "#1f77b4", |e| e.train_accuracy),
+                series("test", "#d62728", |e| e.test_accuracy),
+            ],
+        },
+    ];
+    std::fs::write(dir.join("curves.svg"), svg(&panels))?;
     Ok(())
 }
 
-/// One chart of a few series over shared x values.
-struct Panel {
-    title: &'static str,
-    series: Vec<(&'static str, &'static str, Vec<f64>)>,
+/// Colours for series, in order.
+pub const PALETTE: [&str; 10] = [
+    "#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+    "#bcbd22", "#17becf",
+];
+
+/// One line of a chart.
+#[derive(Debug, Clone)]
+pub struct Series {
+    pub name: String,
+    pub colour: &'static str,
+    pub points: Vec<(f64, f64)>,
+}
+
+/// One chart of a few series.
+#[derive(Debug, Clone)]
+pub struct Panel {
+    pub title: String,
+    pub x_label: &'static str,
+    pub series: Vec<Series>,
+}
+
+/// Panels side by side as one SVG document.
+pub fn svg(panels: &[Panel]) -> String {
+    let (w, h) = (480.0, 400.0);
+    let width = w * panels.len().max(1) as f64;
+    let mut out = format!(
+        "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width}\" height=\"{h}\" \
+         font-family=\"sans-serif\" font-size=\"12\">\n<rect width=\"{width}\" height=\"{h}\" fill=\"white\"/>\n",
+    );
+    for (i, p) in panels.iter().enumerate() {
+        p.draw(&mut out, w * i as f64, w, h);
+    }
+    out.push_str("</svg>\n");
+    out
 }
 
 impl Panel {
-    fn draw(&self, svg: &mut String, left: f64, xs: &[f64]) {
+    fn draw(&self, svg: &mut String, left: f64, w: f64, h: f64) {
         use std::fmt::Write as _;
-        let (w, h, pad) = (480.0, 400.0, 50.0);
-        let (x0, x1) = (0.0, xs.iter().copied().fold(1.0, f64::max));
-        let all = self.series.iter().flat_map(|s| s.2.iter().copied());
-        let (mut y0, mut y1) = all.fold((f64::MAX, f64::MIN), |(a, b), v| (a.min(v), b.max(v)));
+        let pad = 50.0;
+        let points = || self.series.iter().flat_map(|s| s.points.iter().copied());
+        let (x0, x1) = (0.0, points().map(|p| p.0).fold(1e-9, f64::max));
+        let (mut y0, mut y1) =
+            points().fold((f64::MAX, f64::MIN), |(a, b), p| (a.min(p.1), b.max(p.1)));
         if y1 - y0 < 1e-9 {
             (y0, y1) = (y0 - 0.5, y1 + 0.5);
         }
@@ -294,8 +314,8 @@ impl Panel {
         let py = |y: f64| h - pad - (y - y0) / (y1 - y0) * (h - 2.0 * pad);
         let _ = writeln!(
             svg,
-            "<text x=\"{:.0}\" y=\"24\" font-size=\"16\">{}</text>",
-            left + w / 2.0 - 30.0,
+            "<text x=\"{:.0}\" y=\"24\" font-size=\"16\" text-anchor=\"middle\">{}</text>",
+            left + w / 2.0,
             self.title
         );
         let _ = writeln!(
@@ -314,38 +334,47 @@ impl Panel {
                 py(y) + 4.0
             );
             let x = x0 + (x1 - x0) * f64::from(i) / 4.0;
+            let label = if x1 >= 100.0 {
+                format!("{x:.0}")
+            } else {
+                format!("{x:.1}")
+            };
             let _ = writeln!(
                 svg,
-                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{x:.0}</text>",
+                "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{label}</text>",
                 px(x),
                 h - pad + 16.0
             );
         }
         let _ = writeln!(
             svg,
-            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">examples seen (evaluating worker)</text>",
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
             left + w / 2.0,
-            h - 12.0
+            h - 12.0,
+            self.x_label
         );
-        for (k, (name, colour, ys)) in self.series.iter().enumerate() {
-            let points: Vec<String> = xs
+        for (k, s) in self.series.iter().enumerate() {
+            let points: Vec<String> = s
+                .points
                 .iter()
-                .zip(ys)
-                .map(|(&x, &y)| format!("{:.1},{:.1}", px(x), py(y)))
+                .map(|&(x, y)| format!("{:.1},{:.1}", px(x), py(y)))
                 .collect();
             let _ = writeln!(
                 svg,
-                "<polyline fill=\"none\" stroke=\"{colour}\" stroke-width=\"2\" points=\"{}\"/>",
+                "<polyline fill=\"none\" stroke=\"{}\" stroke-width=\"2\" points=\"{}\"/>",
+                s.colour,
                 points.join(" ")
             );
             let ly = pad + 16.0 + 16.0 * k as f64;
+            let lx = left + w - 1.5 * pad - 130.0;
             let _ = writeln!(
                 svg,
-                "<line x1=\"{:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{colour}\" stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\">{name}</text>",
-                left + w - 1.5 * pad - 60.0,
-                left + w - 1.5 * pad - 44.0,
-                left + w - 1.5 * pad - 40.0,
-                ly + 4.0
+                "<line x1=\"{lx:.1}\" y1=\"{ly:.1}\" x2=\"{:.1}\" y2=\"{ly:.1}\" stroke=\"{}\" stroke-width=\"2\"/><text x=\"{:.1}\" y=\"{:.1}\">{}</text>",
+                lx + 16.0,
+                s.colour,
+                lx + 20.0,
+                ly + 4.0,
+                s.name
             );
         }
     }

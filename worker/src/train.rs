@@ -15,9 +15,8 @@ use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use tokio_util::sync::CancellationToken;
 
-use crate::backend::{Backend, Cpu};
+use crate::backend::{Backend, Cpu, DeviceChoice, Selected};
 use crate::data::{Batch, DatasetSpec, Prefetcher, ShardPlan, Split};
-use crate::link::Link;
 use crate::model::{ModelSpec, Net, SparseRows};
 use crate::run::{EvalRecord, RunDir, StepRecord};
 
@@ -47,8 +46,18 @@ pub struct WorkerConfig {
     pub straggler_factor: f64,
     /// Every clock takes this many times longer (a persistently slower machine).
     pub slowdown: f64,
-    /// Pull the dense tables every clock, even when the consistency bound allows a cached copy.
-    pub always_pull: bool,
+    /// When an SSP worker refreshes its copy of the dense tables.
+    pub ssp_refresh: SspRefresh,
+    /// Keep the error-feedback residual for the lossy codecs that want one (top-k, sign, int8,
+    /// the 16-bit casts). Off only to measure what it buys.
+    pub error_feedback: bool,
+    /// Momentum applied on the worker before the codec (Deep Gradient Compression's momentum
+    /// correction): the worker pushes its velocity `u = m u + g` and the shards apply plain
+    /// SGD, so what a sparse codec holds back in the residual is momentum, not raw gradient.
+    /// 0: off (the shards' optimizer does the momentum).
+    pub local_momentum: f32,
+    /// Where the model computes: `auto` (CUDA when it works, else the CPU), `cpu`, `cuda:N`.
+    pub device: DeviceChoice,
     pub prefetch_depth: usize,
 }
 
@@ -68,7 +77,10 @@ impl WorkerConfig {
             straggler_prob: 0.0,
             straggler_factor: 4.0,
             slowdown: 1.0,
-            always_pull: false,
+            ssp_refresh: SspRefresh::EveryClock,
+            error_feedback: true,
+            local_momentum: 0.0,
+            device: DeviceChoice::Auto,
             prefetch_depth: 4,
         }
     }
@@ -85,12 +97,52 @@ pub struct Summary {
     pub final_eval: Option<EvalRecord>,
 }
 
+/// When an SSP worker refreshes its copy of the dense tables. Either way the scheduler's clock
+/// gate bounds how far ahead of the slowest worker any worker runs, and no copy is ever older
+/// than the bound allows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum SspRefresh {
+    /// Pull at every clock (eager SSP): a worker computes on the freshest model the shards
+    /// hold, and the bound only stops it from running ahead. The default: at the same epochs
+    /// it trains as well as BSP (EXPERIMENTS.md).
+    #[default]
+    EveryClock,
+    /// Pull only when the bound requires it (the SSP cache rule: at clock c, when the last
+    /// pull was made while the slowest worker was below c - s), applying this worker's own
+    /// pushes to the copy in between. Pulls up to s + 1 times less often, for links where the
+    /// pulls dominate, and pays for it in accuracy.
+    Bound,
+}
+
+impl std::fmt::Display for SspRefresh {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::EveryClock => "every-clock",
+            Self::Bound => "bound",
+        })
+    }
+}
+
 /// Runs a worker until its job ends or `shutdown` is cancelled.
 pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> anyhow::Result<Summary> {
+    // The device first: asking for CUDA where there is none fails before joining the job.
+    let device = crate::backend::cuda::select(cfg.device).map_err(anyhow::Error::msg)?;
     let sched = SchedulerClient::connect(&cfg.scheduler).await?;
     let session = WorkerSession::join(sched, &cfg.job, &cfg.name)
         .await
         .with_context(|| format!("joining job `{}` at {}", cfg.job, cfg.scheduler))?;
+    match device {
+        Selected::Cpu => train_on(Cpu, cfg, session, shutdown).await,
+        Selected::Cuda(c) => train_on(c, cfg, session, shutdown).await,
+    }
+}
+
+async fn train_on<B: Backend + Clone>(
+    backend: B,
+    cfg: WorkerConfig,
+    session: WorkerSession,
+    shutdown: CancellationToken,
+) -> anyhow::Result<Summary> {
     let spec = session.spec().clone();
     let dataset = DatasetSpec::parse(&spec.dataset)?;
     let model = ModelSpec::parse(&spec.model)?;
@@ -99,11 +151,11 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> anyhow::Resu
     let split =
         tokio::task::spawn_blocking(move || dataset.load(data_dir.as_deref(), seed)).await??;
     tracing::info!(
-        job = %spec.name, worker = %cfg.name, model = %model.name(), ?split,
-        "joined; data loaded"
+        job = %spec.name, worker = %cfg.name, model = %model.name(), backend = backend.name(),
+        ?split, "joined; data loaded"
     );
     let net = Net::new(
-        Cpu,
+        backend,
         model,
         &spec.name,
         split.train.input(),
@@ -123,9 +175,16 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> anyhow::Resu
     // Ride out a shard restart: the client follows the scheduler's map meanwhile.
     client_cfg.max_attempts = 200;
     client_cfg.max_backoff = Duration::from_millis(500);
+    client_cfg.link_mbps = cfg.link_mbps;
     let ps = session.ps_client(client_cfg).await?;
+    if !cfg.error_feedback {
+        for (t, _) in net.dense_tables().iter().chain(net.sparse_tables()) {
+            let mut codec = ps.table_codec(t)?;
+            codec.push.error_feedback = false;
+            ps.set_table_codec(t, codec)?;
+        }
+    }
     let trainer = Trainer {
-        link: cfg.link_mbps.map(Link::mbps),
         run: RunDir::open(cfg.run_dir.as_deref(), &cfg.name, cfg.evaluate)?,
         rng: Xoshiro256PlusPlus::seed_from_u64(ps_core::hash::combine(
             seed,
@@ -137,6 +196,9 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> anyhow::Resu
         split,
         summary: Summary::default(),
         started: Instant::now(),
+        eval_time: Duration::ZERO,
+        own: None,
+        velocity: Vec::new(),
     };
     trainer.train(session, shutdown).await
 }
@@ -146,11 +208,29 @@ struct Trainer<B: Backend + Clone> {
     ps: PsClient,
     net: Net<B>,
     split: Split,
-    link: Option<Link>,
     run: RunDir,
     rng: Xoshiro256PlusPlus,
     summary: Summary,
     started: Instant,
+    /// Time spent evaluating, left out of the run's training time.
+    eval_time: Duration,
+    /// Under SSP with a bound above 0: the cache with this worker's own updates.
+    own: Option<Vec<OwnTable>>,
+    /// The worker-side momentum of each dense table (with `local_momentum`).
+    velocity: Vec<Vec<f32>>,
+}
+
+/// Read-my-writes for a cached model, one per dense table: the table as last pulled plus this
+/// worker's own pushes since, applied with the table's own optimizer (a replica of the worker's
+/// share of the optimizer state). Under SSP a worker computes up to `s` clocks on one pull; without its own
+/// updates it would compute those clocks' gradients at the same point, and its momentum
+/// overshoots.
+struct OwnTable {
+    name: String,
+    optimizer: ps_core::Optimizer,
+    values: Vec<f32>,
+    state: Vec<f32>,
+    step: u64,
 }
 
 /// When the dense tables were last pulled: the clock, the job's minimum clock then, the time.
@@ -167,10 +247,31 @@ impl<B: Backend + Clone> Trainer<B> {
     ) -> anyhow::Result<Summary> {
         let spec = session.spec().clone();
         let bound = spec.consistency.bound();
+        let lazy = self.cfg.ssp_refresh == SspRefresh::Bound;
+        if lazy && bound.is_some_and(|s| s > 0) {
+            let tables = self
+                .net
+                .dense_tables()
+                .iter()
+                .filter_map(|(t, len)| {
+                    let optimizer = spec.table(t)?.spec.optimizer;
+                    Some(OwnTable {
+                        name: t.clone(),
+                        state: ps_core::optim::initial_state(&optimizer, *len),
+                        optimizer,
+                        values: Vec::new(),
+                        step: 0,
+                    })
+                })
+                .collect();
+            self.own = Some(tables);
+        }
         let mut grant = tokio::select! {
             g = session.start() => g?,
             () = shutdown.cancelled() => return Ok(self.summary),
         };
+        // Training time counts from the first grant (not from joining and loading).
+        self.started = Instant::now();
         let plan = ShardPlan::new(
             self.split.train.len(),
             grant.num_data_shards.max(1) as usize,
@@ -206,9 +307,10 @@ impl<B: Backend + Clone> Trainer<B> {
             // slowest worker was at m holds those below m.
             let stale = match (&cache, bound) {
                 (None, _) | (_, None) => true,
-                (Some(c), Some(s)) => grant.clock > c.min_clock + s,
+                (Some(c), Some(s)) => !lazy || grant.clock > c.min_clock + s,
             };
-            if stale || self.cfg.always_pull {
+            let step_start = Instant::now();
+            if stale {
                 self.pull_dense().await?;
                 cache = Some(Cache {
                     min_clock: grant.min_clock,
@@ -232,17 +334,25 @@ impl<B: Backend + Clone> Trainer<B> {
             let (loss, correct) =
                 tokio::task::block_in_place(|| self.compute(&batch, 1.0 / global.max(1.0)))?;
             let mut compute = compute_start.elapsed();
-            // Emulated slow machines: a persistent factor and transient stragglers.
-            let mut factor = self.cfg.slowdown.max(1.0);
-            if self.cfg.straggler_prob > 0.0 && self.rng.random::<f64>() < self.cfg.straggler_prob {
-                factor *= self.cfg.straggler_factor.max(1.0);
-            }
-            if factor > 1.0 {
-                let extra = compute.mul_f64(factor - 1.0);
+            // A persistently slower machine computes `slowdown` times slower (its network is
+            // no slower): the batch's compute is stretched, which is what balanced batch
+            // sizes can make up for.
+            if self.cfg.slowdown > 1.0 {
+                let extra = compute.mul_f64(self.cfg.slowdown - 1.0);
                 tokio::time::sleep(extra).await;
                 compute += extra;
             }
             let (wire, raw) = self.push().await?;
+            // A transient straggler (a preempted or throttled step): the whole step, pulls and
+            // push included, takes `straggler_factor` times longer. Sleeping costs no CPU, so
+            // the emulation does not slow the other processes down.
+            if self.cfg.straggler_prob > 0.0 && self.rng.random::<f64>() < self.cfg.straggler_prob {
+                let extra = step_start
+                    .elapsed()
+                    .mul_f64(self.cfg.straggler_factor.max(1.0) - 1.0);
+                tokio::time::sleep(extra).await;
+                compute += extra;
+            }
             let param_age = cache.as_ref().map_or(Duration::ZERO, |c| c.at.elapsed());
             self.summary.clocks += 1;
             self.summary.examples += batch.len() as u64;
@@ -292,8 +402,14 @@ impl<B: Backend + Clone> Trainer<B> {
         }
         drop(prefetch);
         if self.cfg.evaluate && !shutdown.is_cancelled() {
-            let epoch = self.summary.examples * u64::from(spec.num_workers)
-                / self.split.train.len().max(1) as u64;
+            // Epochs of the job (every worker's examples), not of this worker: with balanced
+            // batches the workers see different shares.
+            let examples = if spec.global_batch > 0 {
+                grant.clock * spec.global_batch
+            } else {
+                self.summary.examples * u64::from(spec.num_workers)
+            };
+            let epoch = examples / self.split.train.len().max(1) as u64;
             let e = self.evaluate(grant.clock, epoch, &window).await?;
             self.run
                 .finish(&e, &self.summary, &self.ps, &self.net, &spec)
@@ -309,13 +425,13 @@ impl<B: Backend + Clone> Trainer<B> {
         let tables = self.net.dense_tables().to_vec();
         let ps = &self.ps;
         let pulled = try_join_all(tables.iter().map(|(t, _)| ps.pull_dense(t))).await?;
-        let mut bytes = 0;
         for ((t, _), v) in tables.iter().zip(&pulled) {
             self.net.set_dense(t, v)?;
-            bytes += v.len() as u64 * 4;
         }
-        if let Some(link) = &self.link {
-            link.pass(bytes).await;
+        if let Some(own) = &mut self.own {
+            for (o, v) in own.iter_mut().zip(pulled) {
+                o.values = v;
+            }
         }
         self.summary.dense_pulls += 1;
         Ok(())
@@ -326,8 +442,6 @@ impl<B: Backend + Clone> Trainer<B> {
         let tables = self.net.sparse_tables();
         let ps = &self.ps;
         let pulled = try_join_all(tables.iter().map(|(t, _)| ps.pull_sparse(t, &ids))).await?;
-        let bytes =
-            (ids.len() * 8 * pulled.len() + pulled.iter().map(Vec::len).sum::<usize>() * 4) as u64;
         // In the order of sparse_tables: wide, then emb.
         let mut pulled = pulled.into_iter();
         let rows = SparseRows {
@@ -335,9 +449,6 @@ impl<B: Backend + Clone> Trainer<B> {
             wide: pulled.next().unwrap_or_default(),
             emb: pulled.next().unwrap_or_default(),
         };
-        if let Some(link) = &self.link {
-            link.pass(bytes).await;
-        }
         self.net.set_rows(&rows)?;
         Ok(())
     }
@@ -366,7 +477,39 @@ impl<B: Backend + Clone> Trainer<B> {
 
     /// Pushes the clock's gradients; returns the bytes on the wire and their f32 size.
     async fn push(&mut self) -> anyhow::Result<(u64, u64)> {
-        let grads = self.net.grads()?;
+        let mut grads = self.net.grads()?;
+        let m = self.cfg.local_momentum;
+        if m > 0.0 {
+            self.velocity.resize_with(grads.dense.len(), Vec::new);
+            for ((_, g), u) in grads.dense.iter_mut().zip(&mut self.velocity) {
+                u.resize(g.len(), 0.0);
+                for (u, g) in u.iter_mut().zip(g.iter_mut()) {
+                    *u = m * *u + *g;
+                    *g = *u;
+                }
+            }
+        }
+        // Momentum factor masking (Deep Gradient Compression), for sparse codecs: where the
+        // codec sent a coordinate, its momentum is cleared so it is not sent again. A
+        // coordinate was sent when the residual after the push differs from the residual
+        // before it plus the velocity (an unsent one stays exactly that sum).
+        let masked: Vec<Option<Vec<f32>>> = if m > 0.0 {
+            grads
+                .dense
+                .iter()
+                .map(|(t, g)| {
+                    let codec = self.ps.table_codec(t).ok()?.push;
+                    let sparse = matches!(
+                        codec.codec,
+                        ps_codec::Codec::TopK { .. } | ps_codec::Codec::RandomK { .. }
+                    );
+                    (sparse && codec.keeps_residual() && g.len() >= codec.min_values)
+                        .then(|| self.ps.dense_residual(t).unwrap_or_default())
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         let ps = &self.ps;
         let dense = try_join_all(grads.dense.iter().map(|(t, g)| ps.push_dense(t, g)));
         let sparse = try_join_all(
@@ -376,6 +519,27 @@ impl<B: Backend + Clone> Trainer<B> {
                 .map(|(t, ids, rows)| ps.push_sparse(t, ids, rows)),
         );
         let (dense, sparse) = tokio::try_join!(dense, sparse)?;
+        for ((before, (t, g)), u) in masked.iter().zip(&grads.dense).zip(&mut self.velocity) {
+            let Some(before) = before else {
+                continue;
+            };
+            let after = self.ps.dense_residual(t)?;
+            for (i, (u, a)) in u.iter_mut().zip(&after).enumerate() {
+                if *a != before.get(i).copied().unwrap_or(0.0) + g[i] {
+                    *u = 0.0;
+                }
+            }
+        }
+        if let Some(own) = &mut self.own {
+            // Read-my-writes: the cache moves as the shards will move it for these gradients.
+            for (o, (t, g)) in own.iter_mut().zip(&grads.dense) {
+                if o.name != *t || o.values.len() != g.len() {
+                    continue;
+                }
+                ps_core::optim::apply(&o.optimizer, &mut o.values, &mut o.state, &mut o.step, g);
+                self.net.set_dense(t, &o.values)?;
+            }
+        }
         let ids: u64 = grads
             .sparse
             .iter()
@@ -393,9 +557,6 @@ impl<B: Backend + Clone> Trainer<B> {
             .map(|s| s.raw_bytes)
             .sum::<u64>()
             + ids;
-        if let Some(link) = &self.link {
-            link.pass(wire).await;
-        }
         Ok((wire, raw))
     }
 
@@ -406,6 +567,8 @@ impl<B: Backend + Clone> Trainer<B> {
         epoch: u64,
         window: &Window,
     ) -> anyhow::Result<EvalRecord> {
+        let eval_start = Instant::now();
+        let train_s = (self.started.elapsed().saturating_sub(self.eval_time)).as_secs_f64();
         self.pull_dense().await?;
         let test = self.split.test.clone();
         let mut batch = Batch::empty(test.input());
@@ -436,7 +599,9 @@ impl<B: Backend + Clone> Trainer<B> {
             examples: self.summary.examples,
             wire_bytes: self.summary.wire_bytes,
             elapsed_s: self.started.elapsed().as_secs_f64(),
+            train_s,
         };
+        self.eval_time += eval_start.elapsed();
         self.run.eval(&e)?;
         Ok(e)
     }

@@ -54,6 +54,10 @@ enum Cmd {
     /// processes), trains one job to the end with a progress bar, and prints the test accuracy
     /// and where the run's files are. Needs no running scheduler.
     Local(Box<ps_worker::local::LocalArgs>),
+    /// Trains the same models under each codec and consistency model, several seeds each,
+    /// through local clusters, and writes EXPERIMENTS.md (mean ± std of the test accuracy,
+    /// bytes pushed per step, time to a target accuracy, the targets checked) with plots.
+    Experiments(Box<ps_worker::experiments::ExperimentArgs>),
 }
 
 const EXIT_USAGE: u8 = 2;
@@ -117,8 +121,14 @@ impl From<ClientError> for Failure {
 }
 
 async fn run(cli: &Cli) -> Result<(), Failure> {
-    if let Cmd::Local(args) = &cli.cmd {
-        return local(args, cli.json).await;
+    match &cli.cmd {
+        Cmd::Local(args) => return local(args, cli.json).await,
+        Cmd::Experiments(args) => {
+            return ps_worker::experiments::run(args)
+                .await
+                .map_err(|e| Failure::Other(format!("experiments: {e:#}")));
+        }
+        _ => {}
     }
     let s = SchedulerClient::connect(&cli.scheduler).await?;
     match &cli.cmd {
@@ -251,7 +261,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 }
             }
         }
-        Cmd::Local(_) => unreachable!("handled above"),
+        Cmd::Local(_) | Cmd::Experiments(_) => unreachable!("handled above"),
     }
     Ok(())
 }

@@ -27,6 +27,7 @@
 
 mod compress;
 mod error;
+mod link;
 pub mod scheduler;
 mod seq;
 
@@ -45,11 +46,12 @@ use ps_core::wire::{CONNECTION_WINDOW, STREAM_WINDOW};
 use ps_core::{Partitioner, Payload, TableKind, TableName, TableSpec};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Endpoint;
 
 pub use compress::TableCodec;
 use compress::{Codecs, Sender};
 pub use error::ClientError;
+pub use link::{Link, LinkChannel};
 pub use ps_codec::{Codec, CompressOptions, Lz4Policy, SparseValues};
 use seq::SeqTracker;
 
@@ -81,6 +83,9 @@ pub struct ClientConfig {
     /// epoch as stale: the client then reconnects to the shards that moved and retries (a push
     /// keeps its sequence number, so it is still applied once). Workers get the scheduler here.
     pub map_source: Option<Arc<dyn MapSource>>,
+    /// Emulate a network link of this many megabits per second (each direction) for every
+    /// request to and answer from the shards; see [`Link`]. `None`: the real network only.
+    pub link_mbps: Option<f64>,
 }
 
 /// A source of the current shard map (the scheduler, for workers).
@@ -109,6 +114,7 @@ impl ClientConfig {
             codec: TableCodec::default(),
             map_epoch: 0,
             map_source: None,
+            link_mbps: None,
         }
     }
 }
@@ -173,7 +179,7 @@ pub struct PsClient {
 struct Inner {
     cfg: ClientConfig,
     /// Each shard's endpoint and connection; replaced when the shard map moves a shard.
-    shards: RwLock<Vec<(String, ParameterServerClient<Channel>)>>,
+    shards: RwLock<Vec<(String, ParameterServerClient<LinkChannel>)>>,
     num_shards: usize,
     /// One map refresh at a time.
     refreshing: tokio::sync::Mutex<()>,
@@ -184,6 +190,8 @@ struct Inner {
     specs: RwLock<HashMap<TableName, TableSpec>>,
     codecs: Codecs,
     map_epoch: AtomicU64,
+    /// The emulated link every shard connection shares, when one is set.
+    link: Option<Arc<Link>>,
 }
 
 fn table_name(name: &str) -> Result<TableName, ClientError> {
@@ -198,10 +206,18 @@ impl PsClient {
             return Err(ClientError::InvalidInput("no shard endpoints given".into()));
         }
         cfg.codec.check()?;
+        if let Some(mbps) = cfg.link_mbps
+            && !(mbps > 0.0 && mbps.is_finite())
+        {
+            return Err(ClientError::InvalidInput(format!(
+                "link speed {mbps} Mbit/s is not a positive number"
+            )));
+        }
+        let link = cfg.link_mbps.map(|m| Arc::new(Link::mbps(m)));
         let shards = cfg
             .endpoints
             .iter()
-            .map(|ep| Ok((ep.clone(), shard_client(&cfg, ep)?)))
+            .map(|ep| Ok((ep.clone(), shard_client(&cfg, link.clone(), ep)?)))
             .collect::<Result<Vec<_>, ClientError>>()?;
         let client_id = cfg
             .client_id
@@ -217,6 +233,7 @@ impl PsClient {
             specs: RwLock::new(HashMap::new()),
             codecs: Codecs::new(cfg.codec, client_id),
             map_epoch: AtomicU64::new(cfg.map_epoch),
+            link,
             cfg,
         };
         let n = this.num_shards;
@@ -1075,7 +1092,7 @@ impl Inner {
     /// first fetches the map again, so a call follows a shard that moved.
     async fn call<T, F, Fut>(&self, shard: usize, mut f: F) -> Result<T, ClientError>
     where
-        F: FnMut(ParameterServerClient<Channel>, u64) -> Fut,
+        F: FnMut(ParameterServerClient<LinkChannel>, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = self.cfg.initial_backoff;
@@ -1135,7 +1152,7 @@ impl Inner {
         let mut shards = self.shards.read().clone();
         for (slot, ep) in shards.iter_mut().zip(endpoints) {
             if slot.0 != ep {
-                match shard_client(&self.cfg, &ep) {
+                match shard_client(&self.cfg, self.link.clone(), &ep) {
                     Ok(c) => *slot = (ep, c),
                     Err(e) => {
                         tracing::warn!(error = %e, "the shard map names an unusable endpoint");
@@ -1152,7 +1169,7 @@ impl Inner {
     /// A push to `shard`: one sequence number for every attempt of it.
     async fn push<F, Fut>(&self, shard: usize, mut f: F) -> Result<pb::PushResponse, ClientError>
     where
-        F: FnMut(ParameterServerClient<Channel>, pb::PushId, u64) -> Fut,
+        F: FnMut(ParameterServerClient<LinkChannel>, pb::PushId, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<pb::PushResponse>, tonic::Status>>,
     {
         let ticket = self.seqs.begin();
@@ -1167,7 +1184,7 @@ impl Inner {
     /// The same call on every shard, concurrently; answers in shard order.
     async fn all<T, F, Fut>(&self, f: F) -> Result<Vec<T>, ClientError>
     where
-        F: Fn(ParameterServerClient<Channel>, u64) -> Fut,
+        F: Fn(ParameterServerClient<LinkChannel>, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         futures::future::try_join_all((0..self.num_shards).map(|s| self.call(s, &f))).await
@@ -1178,8 +1195,9 @@ impl Inner {
 /// connection uses.
 fn shard_client(
     cfg: &ClientConfig,
+    link: Option<Arc<Link>>,
     ep: &str,
-) -> Result<ParameterServerClient<Channel>, ClientError> {
+) -> Result<ParameterServerClient<LinkChannel>, ClientError> {
     let endpoint = Endpoint::from_shared(ep.to_owned())
         .map_err(|e| ClientError::InvalidInput(format!("bad endpoint `{ep}`: {e}")))?
         .initial_stream_window_size(STREAM_WINDOW)
@@ -1191,7 +1209,9 @@ fn shard_client(
         Some(t) => endpoint.timeout(t),
         None => endpoint,
     };
-    Ok(ParameterServerClient::new(endpoint.connect_lazy())
-        .max_decoding_message_size(usize::MAX)
-        .max_encoding_message_size(usize::MAX))
+    Ok(
+        ParameterServerClient::new(LinkChannel::new(endpoint.connect_lazy(), link))
+            .max_decoding_message_size(usize::MAX)
+            .max_encoding_message_size(usize::MAX),
+    )
 }

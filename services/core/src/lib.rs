@@ -23,6 +23,7 @@ pub mod error;
 pub mod hash;
 pub mod init;
 pub mod job;
+pub mod optim;
 pub mod partition;
 pub mod payload;
 pub mod request;

@@ -1,28 +1,13 @@
 //! The CPU backend: host vectors, GEMM from `matrixmultiply` (a blocked, vectorized kernel),
 //! plain loops for the element-wise operations.
 
-use super::{Backend, BackendError, Bags, LossSum, Result, Trans, shape_err};
+use super::{
+    Backend, Bags, LossSum, Result, Trans, check_bags, check_gemm, check_sigmoid, check_softmax,
+    rows_of, same_len,
+};
 
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Cpu;
-
-fn same_len(op: &'static str, a: usize, b: usize) -> Result<()> {
-    if a == b {
-        Ok(())
-    } else {
-        Err(shape_err(op, format!("lengths {a} and {b} differ")))
-    }
-}
-
-fn rows_of(op: &'static str, len: usize, cols: usize) -> Result<usize> {
-    if cols == 0 || !len.is_multiple_of(cols) {
-        return Err(shape_err(
-            op,
-            format!("{len} values are not rows of {cols}"),
-        ));
-    }
-    Ok(len / cols)
-}
 
 /// `c = alpha * op(a) * op(b) + beta * c` on row-major slices whose sizes the caller checked.
 #[allow(unsafe_code, clippy::too_many_arguments)]
@@ -115,20 +100,7 @@ impl Backend for Cpu {
         beta: f32,
         c: &mut Vec<f32>,
     ) -> Result<()> {
-        if a.len() != m * k || b.len() != k * n || c.len() != m * n {
-            return Err(shape_err(
-                "gemm",
-                format!(
-                    "m={m} n={n} k={k} needs a={} b={} c={}, got {} {} {}",
-                    m * k,
-                    k * n,
-                    m * n,
-                    a.len(),
-                    b.len(),
-                    c.len()
-                ),
-            ));
-        }
+        check_gemm(m, n, k, a.len(), b.len(), c.len())?;
         if m * n == 0 {
             return Ok(());
         }
@@ -198,21 +170,11 @@ impl Backend for Cpu {
         scale: f32,
         mut grad: Option<&mut Vec<f32>>,
     ) -> Result<LossSum> {
-        let rows = rows_of("softmax_xent", logits.len(), classes)?;
-        same_len("softmax_xent labels", labels.len(), rows)?;
-        if let Some(g) = grad.as_deref() {
-            same_len("softmax_xent grad", g.len(), logits.len())?;
-        }
+        check_softmax(logits.len(), labels, classes, grad.as_deref().map(Vec::len))?;
         let mut sum = LossSum::default();
         let mut p = vec![0.0f32; classes];
         for (r, (row, &label)) in logits.chunks_exact(classes).zip(labels).enumerate() {
             let label = label as usize;
-            if label >= classes {
-                return Err(BackendError::Label {
-                    label: label as u32,
-                    classes,
-                });
-            }
             let (arg, max) =
                 row.iter()
                     .copied()
@@ -245,19 +207,10 @@ impl Backend for Cpu {
         mut grad: Option<&mut Vec<f32>>,
         probs: &mut Vec<f32>,
     ) -> Result<LossSum> {
-        same_len("sigmoid_xent labels", labels.len(), logits.len())?;
-        if let Some(g) = grad.as_deref() {
-            same_len("sigmoid_xent grad", g.len(), logits.len())?;
-        }
+        check_sigmoid(logits.len(), labels, grad.as_deref().map(Vec::len))?;
         probs.clear();
         let mut sum = LossSum::default();
         for (i, (&z, &y)) in logits.iter().zip(labels).enumerate() {
-            if y > 1 {
-                return Err(BackendError::Label {
-                    label: y,
-                    classes: 2,
-                });
-            }
             let y = y as f32;
             // log(1 + e^z) - y z, computed without overflow.
             let softplus = z.max(0.0) + (-z.abs()).exp().ln_1p();
@@ -279,9 +232,7 @@ impl Backend for Cpu {
         bags: &Bags,
         out: &mut Vec<f32>,
     ) -> Result<()> {
-        let rows = rows_of("bag_forward", table.len(), dim)?;
-        bags.check(rows)?;
-        same_len("bag_forward out", out.len(), bags.len() * dim)?;
+        check_bags("bag_forward", table.len(), dim, bags, out.len())?;
         out.fill(0.0);
         for (b, o) in out.chunks_exact_mut(dim).enumerate() {
             for (r, w) in bags.bag(b) {
@@ -300,9 +251,7 @@ impl Backend for Cpu {
         bags: &Bags,
         dtable: &mut Vec<f32>,
     ) -> Result<()> {
-        let rows = rows_of("bag_backward", dtable.len(), dim)?;
-        bags.check(rows)?;
-        same_len("bag_backward dout", dout.len(), bags.len() * dim)?;
+        check_bags("bag_backward", dtable.len(), dim, bags, dout.len())?;
         for (b, d) in dout.chunks_exact(dim).enumerate() {
             for (r, w) in bags.bag(b) {
                 for (t, d) in dtable[r * dim..(r + 1) * dim].iter_mut().zip(d) {
@@ -317,6 +266,7 @@ impl Backend for Cpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::BackendError;
 
     fn naive(ta: Trans, tb: Trans, m: usize, n: usize, k: usize, a: &[f32], b: &[f32]) -> Vec<f32> {
         let at = |i: usize, p: usize| match ta {

@@ -1,7 +1,8 @@
 //! The compute backend: where a model's tensors live and the few operations training needs.
 //!
 //! A model is written once against [`Backend`]; the CPU implementation ([`Cpu`]) runs
-//! everywhere, and a GPU implementation plugs in behind the same trait. Buffers are opaque
+//! everywhere, and the CUDA one ([`Cuda`], loaded at run time, see [`cuda::select`]) plugs in
+//! behind the same trait. Buffers are opaque
 //! ([`Backend::Buf`]): data crosses between host and device only through [`Backend::upload`]
 //! and [`Backend::download`], so a device backend keeps activations and gradients on the device
 //! for a whole step. Index and label arrays are passed as host slices; a device backend copies
@@ -11,8 +12,12 @@
 //! and returns [`BackendError::Shape`] rather than reading out of bounds.
 
 mod cpu;
+pub mod cuda;
+#[cfg(test)]
+mod tests;
 
 pub use cpu::Cpu;
+pub use cuda::{Cuda, DeviceChoice, Selected};
 
 #[derive(Debug, thiserror::Error)]
 pub enum BackendError {
@@ -31,6 +36,86 @@ pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> BackendE
         op,
         detail: detail.into(),
     }
+}
+
+/// Two lengths that must be equal.
+pub(crate) fn same_len(op: &'static str, a: usize, b: usize) -> Result<()> {
+    if a == b {
+        Ok(())
+    } else {
+        Err(shape_err(op, format!("lengths {a} and {b} differ")))
+    }
+}
+
+/// `len` values as rows of `cols`: the number of rows.
+pub(crate) fn rows_of(op: &'static str, len: usize, cols: usize) -> Result<usize> {
+    if cols == 0 || !len.is_multiple_of(cols) {
+        return Err(shape_err(
+            op,
+            format!("{len} values are not rows of {cols}"),
+        ));
+    }
+    Ok(len / cols)
+}
+
+/// A GEMM's buffer lengths against its `m`, `n`, `k`.
+pub(crate) fn check_gemm(m: usize, n: usize, k: usize, a: usize, b: usize, c: usize) -> Result<()> {
+    if a != m * k || b != k * n || c != m * n {
+        return Err(shape_err(
+            "gemm",
+            format!(
+                "m={m} n={n} k={k} needs a={} b={} c={}, got {a} {b} {c}",
+                m * k,
+                k * n,
+                m * n
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Softmax cross-entropy's arguments, every label included, before anything is computed:
+/// the number of rows.
+pub(crate) fn check_softmax(
+    logits: usize,
+    labels: &[u32],
+    classes: usize,
+    grad: Option<usize>,
+) -> Result<usize> {
+    let rows = rows_of("softmax_xent", logits, classes)?;
+    same_len("softmax_xent labels", labels.len(), rows)?;
+    if let Some(g) = grad {
+        same_len("softmax_xent grad", g, logits)?;
+    }
+    if let Some(&label) = labels.iter().find(|&&l| l as usize >= classes) {
+        return Err(BackendError::Label { label, classes });
+    }
+    Ok(rows)
+}
+
+/// The logistic loss's arguments: one 0/1 label per logit.
+pub(crate) fn check_sigmoid(logits: usize, labels: &[u32], grad: Option<usize>) -> Result<()> {
+    same_len("sigmoid_xent labels", labels.len(), logits)?;
+    if let Some(g) = grad {
+        same_len("sigmoid_xent grad", g, logits)?;
+    }
+    if let Some(&label) = labels.iter().find(|&&l| l > 1) {
+        return Err(BackendError::Label { label, classes: 2 });
+    }
+    Ok(())
+}
+
+/// An embedding bag's arguments: a table of `table` values in rows of `dim`, well-formed bags
+/// over it, and `bagged` values (`bags x dim`) on the other side.
+pub(crate) fn check_bags(
+    op: &'static str,
+    table: usize,
+    dim: usize,
+    bags: &Bags,
+    bagged: usize,
+) -> Result<()> {
+    bags.check(rows_of(op, table, dim)?)?;
+    same_len(op, bagged, bags.len() * dim)
 }
 
 /// Which operand of a GEMM is transposed.

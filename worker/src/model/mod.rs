@@ -635,6 +635,16 @@ impl<B: Backend + Clone> Net<B> {
         Ok(sum)
     }
 
+    /// The dense layers' gradient buffers on the device, as (table, buffer) in table order
+    /// (without a sparse model's wide bias, which lives on the host): what a device encoder
+    /// compresses without downloading them.
+    pub fn dense_grad_buffers(&self) -> Vec<(&str, &B::Buf)> {
+        let skip = usize::from(self.emb_dim.is_some());
+        let names = self.dense[skip..].iter().map(|(n, _)| n.as_str());
+        let bufs = self.layers.iter().flat_map(|l| [&l.dw, &l.db]);
+        names.zip(bufs).collect()
+    }
+
     /// The clock's gradients, downloaded.
     pub fn grads(&self) -> Result<Grads> {
         let b = &self.backend;

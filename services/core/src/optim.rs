@@ -1,7 +1,7 @@
 //! Server-side optimizers. A cell (a dense chunk or a sparse row) stores its `n` parameter
 //! values followed by `n * state_slots` optimizer values, slot after slot, plus a step count.
 
-use ps_core::Optimizer;
+use crate::Optimizer;
 
 /// Initial optimizer-state values for `n` parameters.
 pub fn initial_state(opt: &Optimizer, n: usize) -> Vec<f32> {

@@ -4,21 +4,21 @@
 //!
 //! ```text
 //! ps-server --data-dir /tmp/ps --listen 127.0.0.1:7070 &
-//! cargo run --release --example train_softmax -- --endpoints http://127.0.0.1:7070
+//! cargo run --release -p ps-worker --example train_softmax -- --endpoints http://127.0.0.1:7070
 //! ```
 //!
 //! The data comes from Debian's `dataset-fashion-mnist` package (or `--data DIR` holding the
-//! four IDX files); without it the example says how to get it and trains on a synthetic
-//! problem instead.
+//! four IDX files), read by the worker crate's loader; without it the example says how to get
+//! it and trains on a synthetic problem instead. The model, its gradient and the loop are the
+//! user's own: only the parameter server and the loader are the project's.
 
-use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::{Context, bail};
 use clap::Parser;
 use ps_client::{ClientConfig, Codec, CompressOptions, PsClient, TableCodec};
 use ps_core::{Optimizer, TableSpec};
+use ps_worker::data::{Batch, Dataset, DatasetSpec, Features};
 use rand::SeedableRng;
 use rand::seq::SliceRandom;
 
@@ -27,9 +27,9 @@ struct Args {
     /// Shard endpoints, in shard order.
     #[arg(long, value_delimiter = ',', default_value = "http://127.0.0.1:7070")]
     endpoints: Vec<String>,
-    /// Directory of the Fashion-MNIST IDX files.
-    #[arg(long, default_value = "/usr/share/datasets/fashion-mnist")]
-    data: PathBuf,
+    /// Directory of the Fashion-MNIST IDX files (default: where Debian's package puts them).
+    #[arg(long)]
+    data: Option<PathBuf>,
     #[arg(long, default_value_t = 5)]
     epochs: usize,
     #[arg(long, default_value_t = 100)]
@@ -54,88 +54,36 @@ struct Args {
 
 const CLASSES: usize = 10;
 
-struct Split {
+/// A split's examples as one row-major matrix and its labels.
+struct Examples {
     x: Vec<f32>,
-    y: Vec<u8>,
+    y: Vec<u32>,
     dim: usize,
 }
 
-impl Split {
+impl Examples {
+    fn of(set: &dyn Dataset) -> Self {
+        let mut batch = Batch::empty(set.input());
+        set.gather(&(0..set.len()).collect::<Vec<_>>(), &mut batch);
+        let (x, dim) = match batch.features {
+            Features::Dense { values, dim } => (values, dim),
+            Features::Sparse { .. } => (Vec::new(), 0),
+        };
+        Self {
+            x,
+            y: batch.labels,
+            dim,
+        }
+    }
+
     fn len(&self) -> usize {
         self.y.len()
     }
 }
 
-fn read_idx(path: &Path) -> anyhow::Result<(Vec<usize>, Vec<u8>)> {
-    let raw = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    let mut bytes = Vec::new();
-    if raw.starts_with(&[0x1f, 0x8b]) {
-        flate2::read::GzDecoder::new(&raw[..]).read_to_end(&mut bytes)?;
-    } else {
-        bytes = raw;
-    }
-    if bytes.len() < 4 || bytes[0] != 0 || bytes[1] != 0 || bytes[2] != 8 {
-        bail!("{} is not an IDX file of unsigned bytes", path.display());
-    }
-    let ndims = bytes[3] as usize;
-    let header = 4 + 4 * ndims;
-    let dims: Vec<usize> = (0..ndims)
-        .map(|i| {
-            let b = bytes
-                .get(4 + 4 * i..8 + 4 * i)
-                .context("truncated header")?;
-            Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]) as usize)
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let body = bytes.get(header..).context("truncated IDX file")?.to_vec();
-    if body.len() != dims.iter().product::<usize>() {
-        bail!(
-            "{}: header says {:?} but holds {} bytes",
-            path.display(),
-            dims,
-            body.len()
-        );
-    }
-    Ok((dims, body))
-}
-
-fn load(dir: &Path, prefix: &str) -> anyhow::Result<Split> {
-    let (dims, pixels) = read_idx(&dir.join(format!("{prefix}-images-idx3-ubyte.gz")))?;
-    let (_, y) = read_idx(&dir.join(format!("{prefix}-labels-idx1-ubyte.gz")))?;
-    let dim = dims[1..].iter().product();
-    Ok(Split {
-        x: pixels.iter().map(|&p| f32::from(p) / 255.0).collect(),
-        y,
-        dim,
-    })
-}
-
-/// A synthetic 10-class problem: Gaussian blobs around random centres.
-fn synthetic(n: usize, seed: u64) -> Split {
-    let dim = 32;
-    let mut s = seed;
-    let mut next = move || {
-        s = s
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        ((s >> 33) as f32 / (1u64 << 31) as f32) - 0.5
-    };
-    let centres: Vec<f32> = (0..CLASSES * dim)
-        .map(|i| ((i * 7919 % 101) as f32 / 50.0) - 1.0)
-        .collect();
-    let mut x = Vec::with_capacity(n * dim);
-    let mut y = Vec::with_capacity(n);
-    for i in 0..n {
-        let c = i % CLASSES;
-        y.push(c as u8);
-        x.extend((0..dim).map(|d| centres[c * dim + d] + 1.5 * next()));
-    }
-    Split { x, y, dim }
-}
-
 /// Softmax cross-entropy: returns (mean loss, gradient of the mean loss w.r.t. `w`).
 /// `w` is (dim + 1) x CLASSES, the last row the bias.
-fn loss_and_grad(w: &[f32], x: &[f32], y: &[u8], dim: usize) -> (f32, Vec<f32>) {
+fn loss_and_grad(w: &[f32], x: &[f32], y: &[u32], dim: usize) -> (f32, Vec<f32>) {
     let n = y.len();
     let mut grad = vec![0.0f32; w.len()];
     let mut loss = 0.0;
@@ -163,7 +111,7 @@ fn loss_and_grad(w: &[f32], x: &[f32], y: &[u8], dim: usize) -> (f32, Vec<f32>) 
     (loss / n as f32, grad)
 }
 
-fn accuracy(w: &[f32], data: &Split) -> f32 {
+fn accuracy(w: &[f32], data: &Examples) -> f32 {
     let dim = data.dim;
     let correct = data
         .x
@@ -189,17 +137,22 @@ fn accuracy(w: &[f32], data: &Split) -> f32 {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let (train, test, what) = match (load(&args.data, "train"), load(&args.data, "t10k")) {
-        (Ok(a), Ok(b)) => (a, b, "Fashion-MNIST"),
-        (Err(e), _) | (_, Err(e)) => {
-            eprintln!(
-                "Fashion-MNIST not found under {} ({e:#}).\n  Install it with: sudo apt-get install dataset-fashion-mnist\n  \
-                 or pass --data DIR with train/t10k-{{images-idx3,labels-idx1}}-ubyte.gz.\n  Training on a synthetic problem instead.",
-                args.data.display()
-            );
-            (synthetic(20_000, 1), synthetic(5_000, 2), "synthetic blobs")
+    let spec = match &args.data {
+        Some(dir) => format!("idx:{}", dir.display()),
+        None => "fashion-mnist".to_owned(),
+    };
+    let (split, what) = match DatasetSpec::parse(&spec)?.load(None, args.seed) {
+        Ok(split) => (split, "Fashion-MNIST"),
+        Err(e) => {
+            eprintln!("{e:#}\n  Training on a synthetic problem instead.");
+            let synthetic = DatasetSpec::parse("synthetic-dense:25000:32:10")?;
+            (synthetic.load(None, args.seed)?, "synthetic blobs")
         }
     };
+    let (train, test) = (
+        Examples::of(split.train.as_ref()),
+        Examples::of(split.test.as_ref()),
+    );
     let dim = train.dim;
     println!(
         "{what}: {} train, {} test examples of {dim} features",

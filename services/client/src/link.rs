@@ -1,0 +1,182 @@
+//! A bandwidth emulator on the client's transport: a token bucket per direction that makes each
+//! request and answer to the shards take the time it would on a link of a given speed, so the
+//! wall-clock effect of compression shows honestly on loopback.
+//!
+//! [`LinkChannel`] sits between the generated gRPC client and its HTTP/2 channel. With a link
+//! set, it reads each request body whole, waits until the uplink would have carried its bytes,
+//! sends it, then reads the answer whole and waits for the downlink in the same way. Every shard
+//! connection of one [`crate::PsClient`] shares one [`Link`], as they would share one network
+//! interface; the two directions are independent (full duplex). Without a link it adds nothing.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body::Frame;
+use http_body_util::{BodyExt, StreamBody};
+use parking_lot::Mutex;
+use tokio::time::Instant;
+use tonic::body::Body;
+use tonic::transport::Channel;
+use tower_service::Service;
+
+/// One direction of a link: when it is free again.
+#[derive(Debug)]
+struct Bucket {
+    free_at: Mutex<Instant>,
+}
+
+impl Bucket {
+    fn new() -> Self {
+        Self {
+            free_at: Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Waits until `time` of transfer, queued behind whatever is already on this direction,
+    /// has passed.
+    async fn pass(&self, time: Duration) {
+        let done = {
+            let mut free = self.free_at.lock();
+            let start = (*free).max(Instant::now());
+            *free = start + time;
+            *free
+        };
+        tokio::time::sleep_until(done).await;
+    }
+}
+
+/// An emulated network link of a fixed speed, full duplex.
+#[derive(Debug)]
+pub struct Link {
+    bytes_per_sec: f64,
+    up: Bucket,
+    down: Bucket,
+}
+
+impl Link {
+    /// A link of `mbps` megabits per second in each direction.
+    pub fn mbps(mbps: f64) -> Self {
+        Self {
+            bytes_per_sec: mbps.max(1e-3) * 1e6 / 8.0,
+            up: Bucket::new(),
+            down: Bucket::new(),
+        }
+    }
+
+    /// The time `bytes` take on this link.
+    pub fn time_of(&self, bytes: u64) -> Duration {
+        Duration::from_secs_f64(bytes as f64 / self.bytes_per_sec)
+    }
+
+    /// Waits until `bytes` sent would have crossed the link.
+    pub async fn send(&self, bytes: u64) {
+        self.up.pass(self.time_of(bytes)).await;
+    }
+
+    /// Waits until `bytes` received would have crossed the link.
+    pub async fn receive(&self, bytes: u64) {
+        self.down.pass(self.time_of(bytes)).await;
+    }
+}
+
+/// A shard channel that passes its traffic through a [`Link`] when one is set.
+#[derive(Debug, Clone)]
+pub struct LinkChannel {
+    inner: Channel,
+    link: Option<Arc<Link>>,
+}
+
+impl LinkChannel {
+    pub fn new(inner: Channel, link: Option<Arc<Link>>) -> Self {
+        Self { inner, link }
+    }
+}
+
+/// Reads a body whole; returns it as one frame of data (and its trailers) or as the error.
+async fn buffer(body: Body) -> (u64, Body) {
+    match body.collect().await {
+        Ok(collected) => {
+            let trailers = collected.trailers().cloned();
+            let data = collected.to_bytes();
+            let len = data.len() as u64;
+            let mut frames: Vec<Result<Frame<Bytes>, tonic::Status>> = vec![Ok(Frame::data(data))];
+            frames.extend(trailers.map(|t| Ok(Frame::trailers(t))));
+            (
+                len,
+                Body::new(StreamBody::new(futures::stream::iter(frames))),
+            )
+        }
+        Err(status) => (
+            0,
+            Body::new(StreamBody::new(futures::stream::iter([Err::<
+                Frame<Bytes>,
+                _,
+            >(
+                status
+            )]))),
+        ),
+    }
+}
+
+impl Service<http::Request<Body>> for LinkChannel {
+    type Response = http::Response<Body>;
+    type Error = tonic::transport::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let Some(link) = self.link.clone() else {
+            return Box::pin(self.inner.call(request));
+        };
+        // The channel was made ready for this call: hand the ready one to the future and keep
+        // a fresh clone here (tower's rule for buffered services).
+        let fresh = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, fresh);
+        Box::pin(async move {
+            let (parts, body) = request.into_parts();
+            let (sent, body) = buffer(body).await;
+            link.send(sent).await;
+            let response = inner.call(http::Request::from_parts(parts, body)).await?;
+            let (parts, body) = response.into_parts();
+            let (received, body) = buffer(body).await;
+            link.receive(received).await;
+            Ok(http::Response::from_parts(parts, body))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn transfers_queue_at_the_link_rate_in_each_direction() {
+        let link = Link::mbps(8.0); // 1 MB/s
+        let t0 = Instant::now();
+        link.send(500_000).await;
+        assert_eq!(t0.elapsed(), Duration::from_millis(500));
+        // Two sends at once share the uplink: the second ends a full second after the first.
+        let (a, b) = tokio::join!(
+            async {
+                link.send(1_000_000).await;
+                t0.elapsed()
+            },
+            async {
+                link.send(1_000_000).await;
+                t0.elapsed()
+            }
+        );
+        assert_eq!(a.min(b), Duration::from_millis(1500));
+        assert_eq!(a.max(b), Duration::from_millis(2500));
+        // The downlink is independent: a receive now takes its own time only.
+        let t1 = Instant::now();
+        link.receive(250_000).await;
+        assert_eq!(t1.elapsed(), Duration::from_millis(250));
+    }
+}

@@ -1,0 +1,714 @@
+//! The experiments runner behind `psctl experiments`: trains the same models under each codec
+//! and consistency model, several seeds each, through real local clusters ([`crate::local`]),
+//! and writes a report: per configuration the mean ± standard deviation of the final test
+//! accuracy, the bytes pushed per step on the wire, the training time to a target accuracy,
+//! plots of test accuracy against training time, and the project's targets checked against
+//! the measured figures.
+//!
+//! Every run is a `psctl local` run whose flags the report prints, so any one of them can be
+//! repeated by hand. Finished runs are kept (`<runs>/<suite>/<config>/seed<k>/final.json`) and
+//! not run again unless `--rerun` is given, so an interrupted runner picks up where it stopped.
+
+use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Parser;
+use serde::{Deserialize, Serialize};
+
+use crate::local::LocalArgs;
+use crate::run::{EvalRecord, FinalRecord, PALETTE, Panel, Series, svg};
+
+/// `psctl experiments`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ExperimentArgs {
+    /// The suites to run, comma-separated: codecs (softmax), codecs-mlp, consistency,
+    /// stragglers, balance.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "codecs,codecs-mlp,consistency,stragglers,balance"
+    )]
+    pub suites: Vec<String>,
+    /// Seeds per configuration (1, 2, ...).
+    #[arg(long, default_value_t = 3)]
+    pub seeds: u64,
+    /// Where the data set's files are, when not in their default place.
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Where the runs' directories go.
+    #[arg(long, default_value = "runs/experiments")]
+    pub runs: PathBuf,
+    /// Where the plots and results.json go.
+    #[arg(long, default_value = "experiments")]
+    pub out: PathBuf,
+    /// The report (Markdown).
+    #[arg(long, default_value = "EXPERIMENTS.md")]
+    pub report: PathBuf,
+    /// Multiply every suite's epochs by this (0.1 for a quick look; the report says so).
+    #[arg(long, default_value_t = 1.0)]
+    pub epochs_scale: f64,
+    /// Run configurations again even when their results are already in `--runs`.
+    #[arg(long)]
+    pub rerun: bool,
+}
+
+/// One configuration of a suite: a label and the `psctl local` flags that make it.
+#[derive(Debug, Clone)]
+struct Config {
+    label: &'static str,
+    flags: &'static str,
+}
+
+/// A set of configurations trained alike and compared.
+#[derive(Debug, Clone)]
+struct Suite {
+    name: &'static str,
+    title: &'static str,
+    /// What the suite shows and how it is set up.
+    about: &'static str,
+    /// Flags every configuration shares.
+    base: &'static str,
+    epochs: f64,
+    /// Evaluations per epoch (for the curves and the time to the target).
+    evals_per_epoch: f64,
+    /// Test accuracy the time-to-target column measures.
+    target: f64,
+    configs: Vec<Config>,
+}
+
+/// The MLP, 2 workers, global batch 128: the codec suite's and the consistency suite's setting.
+const MLP_BSP: &str = "--model mlp:256 --lr 0.05 --workers 2 --batch 128";
+
+const SSP: &str = "SSP(3)";
+const SSP_LAZY: &str = "SSP(3), refresh at the bound";
+const TOPK_EF_MC: &str = "top-k 1% + EF + MC";
+const TOPK_MC_NO_EF: &str = "top-k 1% + MC, no EF";
+
+/// Top-k 1% with error feedback (momentum on the shards), with momentum correction, and with
+/// momentum correction but no error feedback: the rows both codec suites compare with f32.
+fn top_k_configs() -> [Config; 3] {
+    [
+        config("top-k 1% + EF", "--codec topk:0.01"),
+        config(TOPK_EF_MC, "--codec topk:0.01 --momentum-correction"),
+        config(
+            TOPK_MC_NO_EF,
+            "--codec topk:0.01 --momentum-correction --no-error-feedback",
+        ),
+    ]
+}
+
+const fn config(label: &'static str, flags: &'static str) -> Config {
+    Config { label, flags }
+}
+
+fn suites() -> Vec<Suite> {
+    vec![
+        Suite {
+            name: "codecs",
+            title: "Gradient codecs, softmax regression",
+            about: "Softmax regression on Fashion-MNIST, 2 shards, 2 workers, BSP, global batch 128, \
+                    momentum SGD (0.9, lr 0.01) on the shards. Every table's pushes use the codec; \
+                    lz4 goes on top where it saves at least 10%. Top-k sends 1% of each gradient \
+                    (fp16 values with their indices). EF: error feedback. MC: momentum \
+                    correction, the momentum applied by the workers before the codec and plain \
+                    SGD on the shards.",
+            base: "--model softmax --lr 0.01 --workers 2 --batch 128",
+            epochs: 10.0,
+            evals_per_epoch: 2.0,
+            target: 0.82,
+            configs: vec![
+                config("f32", "--codec f32"),
+                config("fp16", "--codec fp16"),
+                config("bf16", "--codec bf16"),
+                config("int8", "--codec int8"),
+                config("sign", "--codec sign"),
+                config("qsgd", "--codec qsgd"),
+            ]
+            .into_iter()
+            .chain(top_k_configs())
+            .collect(),
+        },
+        Suite {
+            name: "codecs-mlp",
+            title: "Gradient codecs, MLP",
+            about: "An MLP (784-256-10, ReLU) on Fashion-MNIST, 2 shards, 2 workers, BSP, global \
+                    batch 128, momentum SGD (lr 0.05).",
+            base: MLP_BSP,
+            epochs: 10.0,
+            evals_per_epoch: 1.0,
+            target: 0.87,
+            configs: vec![config("f32", "--codec f32")]
+                .into_iter()
+                .chain(top_k_configs())
+                .collect(),
+        },
+        Suite {
+            name: "consistency",
+            title: "Consistency models, MLP",
+            about: "The MLP of the codec suite (f32) under each consistency model, with no \
+                    emulated stragglers: what staleness costs in accuracy at the same epochs. \
+                    SSP(3) pulls the model at every clock (eager SSP: the bound limits how far \
+                    ahead of the slowest worker a worker may run); with `--ssp-refresh bound` \
+                    a worker refreshes its copy only when the bound requires it (the SSP cache \
+                    rule) and applies its own pushes to the copy with the table's optimizer in \
+                    between.",
+            base: MLP_BSP,
+            epochs: 5.0,
+            evals_per_epoch: 1.0,
+            target: 0.86,
+            configs: vec![
+                config("BSP", "--consistency bsp"),
+                config(SSP, "--consistency ssp --staleness 3"),
+                config(
+                    SSP_LAZY,
+                    "--consistency ssp --staleness 3 --ssp-refresh bound",
+                ),
+                config("ASP", "--consistency asp"),
+            ],
+        },
+        Suite {
+            name: "stragglers",
+            title: "Transient stragglers: BSP against SSP(3)",
+            about: "The MLP with 4 workers (global batch 256, 64 each), 2 shards. Every step of \
+                    every worker (pulls, compute and push) takes 4x longer with probability 0.1, \
+                    emulated by sleeping so the other processes keep the CPU. Time is the \
+                    evaluating worker's training time from its first clock, evaluations left out.",
+            base: "--model mlp:256 --lr 0.05 --workers 4 --batch 256 --straggler-prob 0.1 --straggler-factor 4",
+            epochs: 3.0,
+            evals_per_epoch: 8.0,
+            target: 0.84,
+            configs: vec![
+                config("BSP", "--consistency bsp"),
+                config(SSP, "--consistency ssp --staleness 3"),
+                config(
+                    SSP_LAZY,
+                    "--consistency ssp --staleness 3 --ssp-refresh bound",
+                ),
+            ],
+        },
+        Suite {
+            name: "balance",
+            title: "A persistently slow worker: BSP with and without balanced batches",
+            about: "The MLP with 2 workers and a large global batch (4096, so that compute, not \
+                    the loopback transfers, sets the step time), 2 shards, BSP, momentum SGD \
+                    (lr 0.1). The second worker computes 2x slower (its compute is stretched by \
+                    sleeping; its network is not slower). With --balance the scheduler sizes \
+                    each worker's batch in proportion to its measured throughput; the global \
+                    batch, and so the update of each clock, stays the same.",
+            base: "--model mlp:256 --lr 0.1 --workers 2 --batch 4096 --slow-worker 2",
+            epochs: 15.0,
+            evals_per_epoch: 1.5,
+            target: 0.83,
+            configs: vec![config("BSP", ""), config("BSP + balance", "--balance")],
+        },
+    ]
+}
+
+/// The outcome of one run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunResult {
+    pub suite: String,
+    pub config: String,
+    pub seed: u64,
+    /// The `psctl local` flags of the run.
+    pub flags: Vec<String>,
+    pub test_accuracy: f64,
+    pub auc: Option<f64>,
+    pub wire_bytes_per_step: f64,
+    pub raw_bytes_per_step: f64,
+    /// The evaluating worker's training time (evaluations left out), and the time at its
+    /// first evaluation at or above the suite's target.
+    pub train_s: f64,
+    pub time_to_target_s: Option<f64>,
+    /// (training seconds, test accuracy) at each evaluation.
+    pub curve: Vec<(f64, f64)>,
+}
+
+#[derive(Parser)]
+struct LocalCli {
+    #[command(flatten)]
+    local: LocalArgs,
+}
+
+/// Runs the suites and writes the plots, results.json and the report.
+pub async fn run(a: &ExperimentArgs) -> anyhow::Result<()> {
+    let all = suites();
+    for name in &a.suites {
+        if !all.iter().any(|s| s.name == name) {
+            anyhow::bail!(
+                "unknown suite `{name}`; known: {}",
+                all.iter().map(|s| s.name).collect::<Vec<_>>().join(", ")
+            );
+        }
+    }
+    let chosen: Vec<Suite> = all
+        .into_iter()
+        .filter(|s| a.suites.iter().any(|n| n == s.name))
+        .collect();
+    let total: usize = chosen.iter().map(|s| s.configs.len()).sum::<usize>() * a.seeds as usize;
+    let mut results = Vec::new();
+    let mut done = 0;
+    for suite in &chosen {
+        for c in &suite.configs {
+            for seed in 1..=a.seeds {
+                done += 1;
+                eprintln!(
+                    "[{done}/{total}] {} / {} / seed {seed}",
+                    suite.name, c.label
+                );
+                let r = run_one(a, suite, c, seed).await?;
+                eprintln!(
+                    "    test accuracy {:.2}%, {:.0} B pushed per step, trained {:.1} s, target {} in {}",
+                    r.test_accuracy * 100.0,
+                    r.wire_bytes_per_step,
+                    r.train_s,
+                    pct(suite.target),
+                    r.time_to_target_s
+                        .map_or_else(|| "not reached".into(), |t| format!("{t:.1} s"))
+                );
+                results.push(r);
+            }
+        }
+    }
+    std::fs::create_dir_all(&a.out)?;
+    std::fs::write(
+        a.out.join("results.json"),
+        serde_json::to_string_pretty(&results)?,
+    )?;
+    for suite in &chosen {
+        std::fs::write(plot_path(&a.out, suite.name), plot(suite, &results))?;
+    }
+    let report = report(a, &chosen, &results);
+    std::fs::write(&a.report, &report)
+        .with_context(|| format!("writing {}", a.report.display()))?;
+    println!("{report}");
+    eprintln!(
+        "wrote {}, {}/results.json and the plots in {}",
+        a.report.display(),
+        a.out.display(),
+        a.out.display()
+    );
+    Ok(())
+}
+
+fn slug(label: &str) -> String {
+    label
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect::<String>()
+        .split('-')
+        .filter(|p| !p.is_empty())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+async fn run_one(
+    a: &ExperimentArgs,
+    suite: &Suite,
+    c: &Config,
+    seed: u64,
+) -> anyhow::Result<RunResult> {
+    let dir = a
+        .runs
+        .join(suite.name)
+        .join(slug(c.label))
+        .join(format!("seed{seed}"));
+    let epochs = suite.epochs * a.epochs_scale;
+    // Fashion-MNIST's 60,000 training examples.
+    let batch: f64 = flag(suite.base, "--batch").unwrap_or(128.0);
+    let eval_every = (60_000.0 / batch / suite.evals_per_epoch).round().max(1.0);
+    let mut flags: Vec<String> = suite
+        .base
+        .split_whitespace()
+        .chain(c.flags.split_whitespace())
+        .map(str::to_owned)
+        .collect();
+    flags.extend([
+        "--name".into(),
+        format!("{}-{}", suite.name, slug(c.label)),
+        "--epochs".into(),
+        epochs.to_string(),
+        "--seed".into(),
+        seed.to_string(),
+        "--eval-every".into(),
+        eval_every.to_string(),
+    ]);
+    let fin = dir.join("final.json");
+    if a.rerun || !fin.exists() {
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
+        }
+        let mut argv = vec!["local".to_owned()];
+        argv.extend(flags.iter().cloned());
+        argv.extend([
+            "--quiet".into(),
+            "--run-dir".into(),
+            dir.display().to_string(),
+        ]);
+        if let Some(d) = &a.data {
+            argv.extend(["--data".into(), d.display().to_string()]);
+        }
+        let cli = LocalCli::try_parse_from(&argv)
+            .with_context(|| format!("the flags of {} / {}", suite.name, c.label))?;
+        crate::local::run(&cli.local)
+            .await
+            .with_context(|| format!("{} / {} / seed {seed}", suite.name, c.label))?;
+    }
+    let fin: FinalRecord = serde_json::from_slice(
+        &std::fs::read(&fin).with_context(|| format!("reading {}", fin.display()))?,
+    )?;
+    let evals: Vec<EvalRecord> = std::fs::read_to_string(dir.join("eval.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    Ok(RunResult {
+        suite: suite.name.into(),
+        config: c.label.into(),
+        seed,
+        flags,
+        test_accuracy: fin.eval.test_accuracy,
+        auc: fin.eval.auc,
+        wire_bytes_per_step: fin.wire_bytes_per_step,
+        raw_bytes_per_step: fin.raw_bytes_per_step,
+        train_s: fin.eval.train_s,
+        time_to_target_s: evals
+            .iter()
+            .find(|e| e.test_accuracy >= suite.target)
+            .map(|e| e.train_s),
+        curve: evals.iter().map(|e| (e.train_s, e.test_accuracy)).collect(),
+    })
+}
+
+/// The value after `name` in `flags`.
+fn flag(flags: &str, name: &str) -> Option<f64> {
+    let mut words = flags.split_whitespace();
+    words.position(|f| f == name)?;
+    words.next()?.parse().ok()
+}
+
+/// Mean and sample standard deviation.
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    if xs.is_empty() {
+        return (f64::NAN, f64::NAN);
+    }
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = if xs.len() > 1 {
+        xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0)
+    } else {
+        0.0
+    };
+    (mean, var.sqrt())
+}
+
+fn pct(x: f64) -> String {
+    format!("{:.1}%", x * 100.0)
+}
+
+/// A configuration's runs summed up.
+#[derive(Debug, Clone)]
+struct Row {
+    label: &'static str,
+    runs: usize,
+    acc: (f64, f64),
+    wire: f64,
+    raw: f64,
+    /// Mean ± std over the seeds that reached the target, and how many did.
+    ttt: (f64, f64),
+    reached: usize,
+    train_s: f64,
+}
+
+fn rows(suite: &Suite, results: &[RunResult]) -> Vec<Row> {
+    suite
+        .configs
+        .iter()
+        .map(|c| {
+            let runs: Vec<&RunResult> = results
+                .iter()
+                .filter(|r| r.suite == suite.name && r.config == c.label)
+                .collect();
+            let col = |f: fn(&RunResult) -> f64| runs.iter().map(|r| f(r)).collect::<Vec<_>>();
+            let ttt: Vec<f64> = runs.iter().filter_map(|r| r.time_to_target_s).collect();
+            Row {
+                label: c.label,
+                runs: runs.len(),
+                acc: mean_std(&col(|r| r.test_accuracy)),
+                wire: mean_std(&col(|r| r.wire_bytes_per_step)).0,
+                raw: mean_std(&col(|r| r.raw_bytes_per_step)).0,
+                ttt: mean_std(&ttt),
+                reached: ttt.len(),
+                train_s: mean_std(&col(|r| r.train_s)).0,
+            }
+        })
+        .collect()
+}
+
+/// Test accuracy against training time, the first seed of every configuration.
+fn plot(suite: &Suite, results: &[RunResult]) -> String {
+    let series = suite
+        .configs
+        .iter()
+        .zip(PALETTE.iter().cycle())
+        .filter_map(|(c, colour)| {
+            let r = results
+                .iter()
+                .find(|r| r.suite == suite.name && r.config == c.label)?;
+            Some(Series {
+                name: c.label.into(),
+                colour,
+                points: r.curve.iter().map(|&(t, a)| (t, a * 100.0)).collect(),
+            })
+        })
+        .collect();
+    svg(&[Panel {
+        title: format!("{}: test accuracy (%)", suite.name),
+        x_label: "training seconds (evaluating worker)",
+        series,
+    }])
+}
+
+/// A check of a target against the figures: what it asks, what was measured, met or not.
+struct Check {
+    target: String,
+    measured: String,
+    met: bool,
+}
+
+fn checks(suite: &Suite, rows: &[Row]) -> Vec<Check> {
+    let find = |l: &str| rows.iter().find(|r| r.label == l && r.runs > 0);
+    let mut out = Vec::new();
+    match suite.name {
+        "codecs" | "codecs-mlp" => {
+            let limit = if suite.name == "codecs" { 0.5 } else { 1.0 };
+            let Some(f) = find("f32") else {
+                return out;
+            };
+            for label in ["top-k 1% + EF", TOPK_EF_MC] {
+                if let Some(ef) = find(label) {
+                    let gap = (f.acc.0 - ef.acc.0) * 100.0;
+                    out.push(Check {
+                        target: format!("{label} within {limit} points of f32"),
+                        measured: format!("{gap:+.2} points"),
+                        met: gap <= limit,
+                    });
+                }
+            }
+            if let Some(ef) = find(TOPK_EF_MC) {
+                let ratio = f.wire / ef.wire;
+                out.push(Check {
+                    target: format!("{TOPK_EF_MC} pushes ≥ 50x fewer bytes than f32"),
+                    measured: format!(
+                        "{ratio:.1}x ({:.0} B against {:.0} B per step)",
+                        ef.wire, f.wire
+                    ),
+                    met: ratio >= 50.0,
+                });
+                if let Some(no) = find(TOPK_MC_NO_EF) {
+                    let gap = (f.acc.0 - ef.acc.0) * 100.0;
+                    let gap_no = (f.acc.0 - no.acc.0) * 100.0;
+                    out.push(Check {
+                        target: "top-k without EF shows a larger gap".into(),
+                        measured: format!("{gap_no:+.2} points against {gap:+.2}"),
+                        met: gap_no > gap,
+                    });
+                }
+            }
+        }
+        "consistency" | "stragglers" => {
+            let Some(b) = find("BSP") else {
+                return out;
+            };
+            for label in [SSP, SSP_LAZY] {
+                let Some(s) = find(label) else {
+                    continue;
+                };
+                let gap = (b.acc.0 - s.acc.0) * 100.0;
+                out.push(Check {
+                    target: format!("{label} within 0.3 points of BSP"),
+                    measured: format!("{gap:+.2} points"),
+                    met: gap <= 0.3,
+                });
+                if suite.name == "stragglers" {
+                    let ratio = b.ttt.0 / s.ttt.0;
+                    out.push(Check {
+                        target: format!(
+                            "{label} reaches {} ≥ 1.25x sooner than BSP",
+                            pct(suite.target)
+                        ),
+                        measured: ratio_text(ratio, s, b),
+                        met: ratio >= 1.25 && b.reached == b.runs && s.reached == s.runs,
+                    });
+                }
+            }
+        }
+        "balance" => {
+            if let (Some(b), Some(bal)) = (find("BSP"), find("BSP + balance")) {
+                let ratio = b.ttt.0 / bal.ttt.0;
+                out.push(Check {
+                    target: format!("balanced batches reach {} ≥ 1.4x sooner", pct(suite.target)),
+                    measured: ratio_text(ratio, bal, b),
+                    met: ratio >= 1.4 && b.reached == b.runs && bal.reached == bal.runs,
+                });
+            }
+        }
+        _ => {}
+    }
+    out
+}
+
+/// "1.52x (5.1 s against 7.8 s)", or why there is no ratio.
+fn ratio_text(ratio: f64, fast: &Row, slow: &Row) -> String {
+    if fast.reached == 0 || slow.reached == 0 {
+        let missing = if fast.reached == 0 {
+            fast.label
+        } else {
+            slow.label
+        };
+        return format!("no ratio: {missing} never reached the target");
+    }
+    format!(
+        "{ratio:.2}x ({:.1} s against {:.1} s)",
+        fast.ttt.0, slow.ttt.0
+    )
+}
+
+fn report(a: &ExperimentArgs, suites: &[Suite], results: &[RunResult]) -> String {
+    let mut md = String::new();
+    let suite_list = suites.iter().map(|s| s.name).collect::<Vec<_>>().join(",");
+    let _ = writeln!(md, "# Experiments\n");
+    let _ = writeln!(
+        md,
+        "Generated by `psctl experiments` from real local clusters (a scheduler, `ps-server` \
+         shards and workers as child processes on 127.0.0.1, the CPU backend). Regenerate with:\n\n\
+         ```sh\ncargo build --release --workspace\n\
+         target/release/psctl experiments --suites {suite_list} --seeds {}{}\n```\n",
+        a.seeds,
+        if a.epochs_scale == 1.0 {
+            String::new()
+        } else {
+            format!(" --epochs-scale {}", a.epochs_scale)
+        }
+    );
+    let _ = writeln!(
+        md,
+        "Accuracy is the final test accuracy over {} seeds (mean ± sample standard deviation). \
+         Bytes per step are what the evaluating worker pushed per clock on the wire, after the \
+         codec and lz4, with the f32 size beside them. Time to target is the evaluating worker's \
+         training time (its evaluations left out) at its first evaluation at or above the \
+         target, over the seeds that reached it. Each configuration's row names the `psctl \
+         local` flags that repeat one run (add `--seed N`).\n",
+        a.seeds
+    );
+    if a.epochs_scale != 1.0 {
+        let _ = writeln!(
+            md,
+            "**These runs were shortened to {}x the suites' epochs**; the accuracies are not the \
+             converged ones.\n",
+            a.epochs_scale
+        );
+    }
+    for suite in suites {
+        let rows = rows(suite, results);
+        let _ = writeln!(md, "## {}\n\n{}\n", suite.title, suite.about);
+        let epochs = (suite.epochs * a.epochs_scale * 1000.0).round() / 1000.0;
+        let _ = writeln!(
+            md,
+            "{epochs} epochs; target {} test accuracy. Flags shared by every row: `{}`.\n",
+            pct(suite.target),
+            suite.base
+        );
+        let _ = writeln!(
+            md,
+            "| configuration | test accuracy | bytes pushed / step (f32) | compression | time to {} | training time | flags |",
+            pct(suite.target)
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+        for (r, c) in rows.iter().zip(&suite.configs) {
+            let ttt = if r.reached == 0 {
+                "not reached".to_owned()
+            } else if r.reached < r.runs {
+                format!(
+                    "{:.1} ± {:.1} s ({}/{} reached)",
+                    r.ttt.0, r.ttt.1, r.reached, r.runs
+                )
+            } else {
+                format!("{:.1} ± {:.1} s", r.ttt.0, r.ttt.1)
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {:.2} ± {:.2}% | {:.0} ({:.0}) | {:.1}x | {ttt} | {:.1} s | `{}` |",
+                r.label,
+                r.acc.0 * 100.0,
+                r.acc.1 * 100.0,
+                r.wire,
+                r.raw,
+                r.raw / r.wire,
+                r.train_s,
+                if c.flags.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    c.flags.to_owned()
+                }
+            );
+        }
+        let checks = checks(suite, &rows);
+        if !checks.is_empty() {
+            let _ = writeln!(md, "\n| target | measured | met |\n|---|---|---|");
+            for c in checks {
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} |",
+                    c.target,
+                    c.measured,
+                    if c.met { "yes" } else { "**no**" }
+                );
+            }
+        }
+        let _ = writeln!(
+            md,
+            "\n![{}]({})\n",
+            suite.title,
+            plot_path(&a.out, suite.name).display()
+        );
+    }
+    md
+}
+
+fn plot_path(out: &Path, suite: &str) -> PathBuf {
+    out.join(format!("{suite}.svg"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_suite_parses_as_psctl_local_flags() {
+        for s in suites() {
+            for c in &s.configs {
+                let mut argv = vec!["local"];
+                argv.extend(s.base.split_whitespace().chain(c.flags.split_whitespace()));
+                let cli = LocalCli::try_parse_from(&argv)
+                    .unwrap_or_else(|e| panic!("{} / {}: {e}", s.name, c.label));
+                assert_eq!(cli.local.dataset, "fashion-mnist");
+            }
+        }
+    }
+
+    #[test]
+    fn mean_and_sample_deviation() {
+        let (m, s) = mean_std(&[1.0, 2.0, 3.0]);
+        assert!((m - 2.0).abs() < 1e-12 && (s - 1.0).abs() < 1e-12);
+        assert_eq!(mean_std(&[5.0]), (5.0, 0.0));
+        assert_eq!(slug("top-k 1% + EF"), "top-k-1-ef");
+    }
+}
