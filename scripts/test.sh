@@ -3,6 +3,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
+if [ "${CI:-}" = "true" ]; then
+  # A CI checkout is built once: incremental caches would only take disk (they roughly double
+  # the workspace crates' share of target/), and a full disk fails the RocksDB-backed tests.
+  export CARGO_INCREMENTAL=0
+fi
+echo "test: $(df -h --output=avail . | tail -1 | tr -d ' ') free on the build disk, $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -d ' ') in ${TMPDIR:-/tmp}" >&2
 cargo fmt --all -- --check
 cargo clippy --release --workspace --all-targets -- -D warnings
 if ! cargo nextest --version >/dev/null 2>&1; then
@@ -12,4 +18,5 @@ fi
 cargo build --release --workspace --bins
 cargo test --release --workspace --doc
 # Last, so that its summary (tests run, passed, failed) is the last line of the run.
+echo "test: $(df -h --output=avail . | tail -1 | tr -d ' ') free on the build disk before the tests" >&2
 cargo nextest run --release --workspace --no-fail-fast

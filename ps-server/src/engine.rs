@@ -27,6 +27,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use crate::metrics as m;
 use crate::optim;
+use crate::registration::MapEpoch;
 use crate::store::{Cf, Store, StoreBatch, StoreError};
 
 /// The engine's errors; `service.rs` maps each to one gRPC status code.
@@ -72,7 +73,7 @@ pub struct EngineConfig {
     pub pull_replica_bytes: usize,
     /// The shard-map epoch learnt from the scheduler (0: no scheduler). Shared with the
     /// registration task, and kept across a restore.
-    pub map_epoch: Arc<AtomicU64>,
+    pub map_epoch: Arc<MapEpoch>,
 }
 
 /// One chunk of a dense table or one row of a sparse table: parameters, then optimizer state.
@@ -572,7 +573,7 @@ impl<S: Store> Engine<S> {
 
     /// The shard-map epoch this shard is on (0 when no scheduler manages it).
     pub fn map_epoch(&self) -> u64 {
-        self.inner.cfg.map_epoch.load(Ordering::Acquire)
+        self.inner.cfg.map_epoch.get()
     }
 
     /// A request routed with an older map than this shard's is refused (the client must fetch
@@ -595,6 +596,7 @@ impl<S: Store> Engine<S> {
                 ps_core::wire::STALE_MAP
             )));
         }
+        self.inner.cfg.map_epoch.behind();
         Err(EngineError::Unavailable(format!(
             "this shard is at map epoch {current} and has not seen epoch {epoch} yet; retry"
         )))

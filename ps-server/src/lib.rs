@@ -17,7 +17,6 @@ pub mod store;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use parking_lot::RwLock;
 
@@ -28,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use config::{Args, ServerConfig};
 use engine::{Engine, EngineConfig};
+use registration::MapEpoch;
 use service::{EngineSlot, PsService, Reopen};
 use store::{MemoryStore, RocksStore, Store};
 
@@ -43,7 +43,7 @@ pub async fn run(
     cfg.check()?;
     ps_runtime::metrics::start("ps-server", metrics_listener, &shutdown)?;
     metrics::describe();
-    let map_epoch = Arc::new(AtomicU64::new(0));
+    let map_epoch = Arc::new(MapEpoch::default());
     if let Some(url) = cfg.scheduler.clone() {
         let advertise = advertised(&cfg, &listener)?;
         let reg = registration::Registration {
@@ -111,7 +111,7 @@ async fn serve<S: Store>(
     cfg: ServerConfig,
     store: S,
     restore: Option<(PathBuf, Reopen<S>)>,
-    map_epoch: Arc<AtomicU64>,
+    map_epoch: Arc<MapEpoch>,
     listener: TcpListener,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {

@@ -1,11 +1,15 @@
 //! Membership of a shard in a scheduler-managed cluster: register, then renew the lease with
 //! heartbeats, learning the shard-map epoch from each answer. A heartbeat answered NOT_FOUND
 //! (the lease expired, or the scheduler restarted) registers again; an unreachable scheduler is
-//! retried with backoff while the shard keeps serving on the epoch it knows.
+//! retried with backoff while the shard keeps serving on the epoch it knows. A request routed
+//! with a newer epoch than the shard knows asks for a heartbeat at once (`MapEpoch::behind`), so
+//! a shard learns of a map change in one round trip, not at its next heartbeat.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+
+use tokio::sync::Notify;
 
 use ps_proto::v1 as pb;
 use ps_proto::v1::scheduler_client::SchedulerClient;
@@ -20,7 +24,33 @@ pub struct Registration {
     pub shard_index: u32,
     pub num_shards: u32,
     pub virtual_nodes: u32,
-    pub map_epoch: Arc<AtomicU64>,
+    pub map_epoch: Arc<MapEpoch>,
+}
+
+/// The shard-map epoch a shard learnt from the scheduler (0: none yet), shared by the
+/// registration task, which sets it, and the engine, which checks requests against it.
+#[derive(Debug, Default)]
+pub struct MapEpoch {
+    epoch: AtomicU64,
+    /// Woken when a request brings a newer epoch than `epoch`.
+    behind: Notify,
+}
+
+impl MapEpoch {
+    pub fn get(&self) -> u64 {
+        self.epoch.load(Ordering::Acquire)
+    }
+
+    fn set(&self, epoch: u64) {
+        self.epoch.store(epoch, Ordering::Release);
+    }
+
+    /// A request was routed with a newer epoch than this shard knows: the registration task
+    /// heartbeats now instead of at its next tick. Wakes at most one pending heartbeat however
+    /// many requests call it.
+    pub fn behind(&self) {
+        self.behind.notify_one();
+    }
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -75,12 +105,13 @@ impl Registration {
             })
             .await?
             .into_inner();
-        self.map_epoch.store(r.map_epoch, Ordering::Release);
+        self.map_epoch.set(r.map_epoch);
         tracing::info!(epoch = r.map_epoch, lease_ms = r.lease_ms, endpoint = %self.advertise, "registered with the scheduler");
         Ok(Duration::from_millis(r.lease_ms.max(300)))
     }
 
-    /// Heartbeats every third of the lease until the scheduler forgets this shard or shutdown.
+    /// Heartbeats every third of the lease, or at once when a request shows this shard is
+    /// behind, until the scheduler forgets this shard or shutdown.
     async fn heartbeat_until_lost(
         &self,
         client: &mut SchedulerClient<Channel>,
@@ -90,6 +121,7 @@ impl Registration {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(lease / 3) => {}
+                () = self.map_epoch.behind.notified() => {}
                 () = shutdown.cancelled() => return,
             }
             let hb = client
@@ -100,8 +132,7 @@ impl Registration {
                 .await;
             match hb {
                 Ok(r) => {
-                    self.map_epoch
-                        .store(r.into_inner().map_epoch, Ordering::Release);
+                    self.map_epoch.set(r.into_inner().map_epoch);
                 }
                 Err(s) if s.code() == tonic::Code::NotFound => {
                     tracing::warn!("the scheduler no longer knows this shard; registering again");

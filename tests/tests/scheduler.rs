@@ -1,8 +1,8 @@
 //! A real scheduler with real `ps-server` child processes registered with it, and workers
 //! (test clients on the SDK) under BSP, SSP(2) and ASP: staleness bounds observed in the
 //! parameters themselves, a worker killed and a worker joining late, a scheduler restart, a
-//! coordinated checkpoint and resume, a shard lost and back at a new address, and a stale
-//! shard-map epoch.
+//! coordinated checkpoint and resume, a shard lost and back at a new address, a stale
+//! shard-map epoch, and a shard that learns a newer one from the first request bringing it.
 //!
 //! Needs the workspace's binaries (`cargo build --release` builds `ps-server` next to the test).
 
@@ -82,8 +82,16 @@ struct Sched {
 }
 
 async fn start_scheduler(data: &Path, addr: Option<std::net::SocketAddr>) -> Sched {
+    start_scheduler_with_lease(data, addr, Duration::from_millis(1500)).await
+}
+
+async fn start_scheduler_with_lease(
+    data: &Path,
+    addr: Option<std::net::SocketAddr>,
+    lease: Duration,
+) -> Sched {
     let mut cfg = Config::local(Some(data.to_owned()));
-    cfg.scheduler.lease = Duration::from_millis(1500);
+    cfg.scheduler.lease = lease;
     cfg.scheduler.tick = Duration::from_millis(50);
     let listener = TcpListener::bind(addr.unwrap_or(([127, 0, 0, 1], 0).into()))
         .await
@@ -116,8 +124,12 @@ struct Cluster {
 }
 
 async fn cluster(n: u32) -> Cluster {
+    cluster_with_lease(n, Duration::from_millis(1500)).await
+}
+
+async fn cluster_with_lease(n: u32, lease: Duration) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
-    let sched = start_scheduler(&dir.path().join("scheduler"), None).await;
+    let sched = start_scheduler_with_lease(&dir.path().join("scheduler"), None, lease).await;
     let shards = (0..n)
         .map(|i| spawn_shard(&dir.path().join(format!("shard-{i}")), i, n, &sched.url))
         .collect();
@@ -620,4 +632,35 @@ async fn bad_input_gets_a_clear_status_and_changes_nothing() {
         vec![0.0; 4],
         "the refused push changed nothing"
     );
+}
+
+/// The shard that registered first holds map epoch 1 when the second registers (epoch 2). With a
+/// one-minute lease its next heartbeat is 20 s away; the first request routed with epoch 2 is
+/// refused as `unavailable` and makes it heartbeat at once, so the client's retry, well within
+/// a few backoffs, finds it current.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shard_behind_the_map_learns_the_epoch_from_the_first_request() {
+    let c = cluster_with_lease(2, Duration::from_secs(60)).await;
+    let sched = SchedulerClient::connect(&c.sched.url).await.unwrap();
+    let map = sched.shard_map().await.unwrap();
+    assert_eq!(map.epoch, 2, "one epoch per shard address");
+    let mut cfg = ClientConfig::new(map.endpoints.clone());
+    cfg.map_epoch = map.epoch;
+    // About 2.5 s of retries in all: far less than the 20 s to the next heartbeat.
+    cfg.max_attempts = 10;
+    cfg.max_backoff = Duration::from_millis(300);
+    let ps = PsClient::connect(cfg).await.unwrap();
+    // 64 chunks: both shards own some (all on one: a chance of 2^-63).
+    let spec = ps_core::TableSpec::dense("behind", &[64 * 256])
+        .unwrap()
+        .with_chunk_elems(256)
+        .unwrap();
+    ps.create_table(spec).await.unwrap();
+    ps.push_dense("behind", &[1.0; 64 * 256]).await.unwrap();
+    assert_eq!(
+        ps.pull_dense("behind").await.unwrap(),
+        vec![-0.01; 64 * 256],
+        "SGD at 0.01 applied once"
+    );
+    drop(c);
 }
