@@ -99,6 +99,18 @@ fn top_k_configs() -> [Config; 3] {
     ]
 }
 
+/// BSP, SSP(3) and SSP(3) refreshing at the bound: the rows both consistency suites compare.
+fn bsp_and_ssp_configs() -> [Config; 3] {
+    [
+        config("BSP", "--consistency bsp"),
+        config(SSP, "--consistency ssp --staleness 3"),
+        config(
+            SSP_LAZY,
+            "--consistency ssp --staleness 3 --ssp-refresh bound",
+        ),
+    ]
+}
+
 const fn config(label: &'static str, flags: &'static str) -> Config {
     Config { label, flags }
 }
@@ -158,15 +170,10 @@ fn suites() -> Vec<Suite> {
             epochs: 5.0,
             evals_per_epoch: 1.0,
             target: 0.86,
-            configs: vec![
-                config("BSP", "--consistency bsp"),
-                config(SSP, "--consistency ssp --staleness 3"),
-                config(
-                    SSP_LAZY,
-                    "--consistency ssp --staleness 3 --ssp-refresh bound",
-                ),
-                config("ASP", "--consistency asp"),
-            ],
+            configs: bsp_and_ssp_configs()
+                .into_iter()
+                .chain([config("ASP", "--consistency asp")])
+                .collect(),
         },
         Suite {
             name: "stragglers",
@@ -179,14 +186,7 @@ fn suites() -> Vec<Suite> {
             epochs: 3.0,
             evals_per_epoch: 8.0,
             target: 0.84,
-            configs: vec![
-                config("BSP", "--consistency bsp"),
-                config(SSP, "--consistency ssp --staleness 3"),
-                config(
-                    SSP_LAZY,
-                    "--consistency ssp --staleness 3 --ssp-refresh bound",
-                ),
-            ],
+            configs: bsp_and_ssp_configs().into(),
         },
         Suite {
             name: "balance",
