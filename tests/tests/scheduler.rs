@@ -646,7 +646,8 @@ async fn a_shard_behind_the_map_learns_the_epoch_from_the_first_request() {
     assert_eq!(map.epoch, 2, "one epoch per shard address");
     let mut cfg = ClientConfig::new(map.endpoints.clone());
     cfg.map_epoch = map.epoch;
-    // About 2.5 s of retries in all: far less than the 20 s to the next heartbeat.
+    // At most about 2 s of retries (50 ms doubling to 300 ms, jittered): far less than the 20 s
+    // to the next heartbeat.
     cfg.max_attempts = 10;
     cfg.max_backoff = Duration::from_millis(300);
     let ps = PsClient::connect(cfg).await.unwrap();
