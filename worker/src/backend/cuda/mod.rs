@@ -430,6 +430,38 @@ struct DeviceBags {
 }
 
 impl Cuda {
+    /// Launches `bag_forward` (table to bags) or `bag_backward` (bags' gradients scattered
+    /// into the table): one thread per value of `bags x dim`, over `bags` as checked by
+    /// `check_bags` with the table's side and the bags' side.
+    fn launch_bags(
+        &self,
+        kernel: &'static str,
+        input: &CudaSlice<f32>,
+        dim: usize,
+        bags: &Bags,
+        output: &mut CudaSlice<f32>,
+    ) -> Result<()> {
+        if bags.is_empty() {
+            return Ok(());
+        }
+        let d = self.upload_bags(bags)?;
+        let (dm, nb) = (to_i32(kernel, dim)?, to_i32(kernel, bags.len())?);
+        let f = self.function(kernel)?;
+        let mut b = self.inner.stream.launch_builder(f);
+        b.arg(input)
+            .arg(&dm)
+            .arg(&d.offsets)
+            .arg(&d.rows)
+            .arg(&d.weights)
+            .arg(&nb)
+            .arg(output);
+        // SAFETY: check_bags proved the offsets rise from 0 to rows.len() and every row is
+        // < the table's rows, so table[row*dim + d] with d < dim is in bounds, and that the
+        // bags' side holds bags*dim values; bag_backward's adds into the table are atomic.
+        unsafe { b.launch(grid(bags.len() * dim)) }.map_err(|e| dev_err(kernel, e))?;
+        Ok(())
+    }
+
     fn upload_bags(&self, bags: &Bags) -> Result<DeviceBags> {
         Ok(DeviceBags {
             offsets: self.upload_any(&bags.offsets)?,
@@ -689,28 +721,7 @@ impl Backend for Cuda {
         out: &mut CudaSlice<f32>,
     ) -> Result<()> {
         check_bags("bag_forward", table.len(), dim, bags, out.len())?;
-        if bags.is_empty() {
-            return Ok(());
-        }
-        let d = self.upload_bags(bags)?;
-        let (dm, nb) = (
-            to_i32("bag_forward", dim)?,
-            to_i32("bag_forward", bags.len())?,
-        );
-        let f = self.function("bag_forward")?;
-        let mut b = self.inner.stream.launch_builder(f);
-        b.arg(table)
-            .arg(&dm)
-            .arg(&d.offsets)
-            .arg(&d.rows)
-            .arg(&d.weights)
-            .arg(&nb)
-            .arg(out);
-        // SAFETY: Bags::check proved the offsets rise from 0 to rows.len() and every row is
-        // < the table's rows, so table[row*dim + d] with d < dim is in bounds; out holds
-        // bags*dim values (checked).
-        unsafe { b.launch(grid(bags.len() * dim)) }.map_err(|e| dev_err("bag_forward", e))?;
-        Ok(())
+        self.launch_bags("bag_forward", table, dim, bags, out)
     }
 
     fn bag_backward(
@@ -721,26 +732,6 @@ impl Backend for Cuda {
         dtable: &mut CudaSlice<f32>,
     ) -> Result<()> {
         check_bags("bag_backward", dtable.len(), dim, bags, dout.len())?;
-        if bags.is_empty() {
-            return Ok(());
-        }
-        let d = self.upload_bags(bags)?;
-        let (dm, nb) = (
-            to_i32("bag_backward", dim)?,
-            to_i32("bag_backward", bags.len())?,
-        );
-        let f = self.function("bag_backward")?;
-        let mut b = self.inner.stream.launch_builder(f);
-        b.arg(dout)
-            .arg(&dm)
-            .arg(&d.offsets)
-            .arg(&d.rows)
-            .arg(&d.weights)
-            .arg(&nb)
-            .arg(dtable);
-        // SAFETY: as bag_forward: the checked bags index rows < the table's, dout holds
-        // bags*dim values; the adds into dtable are atomic.
-        unsafe { b.launch(grid(bags.len() * dim)) }.map_err(|e| dev_err("bag_backward", e))?;
-        Ok(())
+        self.launch_bags("bag_backward", dout, dim, bags, dtable)
     }
 }
