@@ -375,6 +375,71 @@ async fn sdk_error_feedback_conserves_the_gradient() {
     cluster.stop().await;
 }
 
+/// A sparsity warm-up moves a top-k table's ratio while training: each push then changes as
+/// many values as the ratio of the moment says, and no gradient is lost across the change
+/// (sent plus owed is still the sum). Codecs without a ratio, and ratios outside (0, 1], are
+/// refused and change nothing.
+#[tokio::test]
+async fn a_push_ratio_moved_while_training_keeps_the_residual() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    let lr = 0.5f32;
+    ps.create_table(dense_sgd("w", &[4, 1000], lr))
+        .await
+        .unwrap();
+    let topk = |ratio| Codec::TopK {
+        ratio,
+        values: SparseValues::F32,
+    };
+    ps.set_table_codec(
+        "w",
+        TableCodec {
+            push: plain(topk(0.02)),
+            ..TableCodec::default()
+        },
+    )
+    .unwrap();
+    let mut total = vec![0.0f64; 4000];
+    let mut before = ps.pull_dense("w").await.unwrap();
+    for (step, ratio) in [0.25, 0.1, 0.02, 0.02, 0.5].into_iter().enumerate() {
+        ps.set_push_ratio("w", ratio).unwrap();
+        assert_eq!(ps.table_codec("w").unwrap().push.codec, topk(ratio));
+        let g = gradient(4000, step as u32 * 17 + 3);
+        for (a, b) in total.iter_mut().zip(&g) {
+            *a += f64::from(*b);
+        }
+        ps.push_dense("w", &g).await.unwrap();
+        let after = ps.pull_dense("w").await.unwrap();
+        let changed = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+        // Top-k works per chunk of 1,000 values.
+        assert_eq!(changed, 4 * Codec::entries(ratio, 1000), "ratio {ratio}");
+        before = after;
+    }
+    let owed = ps.dense_residual("w").unwrap();
+    for i in 0..4000 {
+        let sent = -f64::from(before[i]) / f64::from(lr);
+        assert!(
+            (sent + f64::from(owed[i]) - total[i]).abs() < 1e-4,
+            "[{i}]: sent {sent} + owed {} vs {}",
+            owed[i],
+            total[i]
+        );
+    }
+    for bad in [0.0, 1.5, f64::NAN] {
+        let e = ps.set_push_ratio("w", bad).unwrap_err();
+        assert!(e.to_string().contains("ratio"), "{e}");
+    }
+    assert_eq!(ps.table_codec("w").unwrap().push.codec, topk(0.5));
+    ps.create_table(dense_sgd("dense", &[10], lr))
+        .await
+        .unwrap();
+    let e = ps.set_push_ratio("dense", 0.1).unwrap_err();
+    assert!(e.to_string().contains("no ratio"), "{e}");
+    assert_eq!(ps.table_codec("dense").unwrap().push.codec, Codec::F32);
+    assert_eq!(ps.dense_residual("w").unwrap(), owed);
+    cluster.stop().await;
+}
+
 /// Pulls asked for in f16 or bf16 come back as the stored values rounded to that format, for
 /// dense and sparse tables; the wire bytes of pushes and pulls are counted by encoding.
 #[tokio::test]

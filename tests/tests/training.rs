@@ -154,3 +154,79 @@ learning_rate = 0.05
     assert!(acc > 0.6, "{fin}");
     cluster.stop();
 }
+
+/// Top-k with momentum correction, a sparsity warm-up and a cosine step size, through real
+/// processes: the model trains, and the warm-up shows on the wire (the first clocks push
+/// several times the bytes of the last ones, which push about the codec's ratio).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_k_with_a_warmup_and_a_cosine_step_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let run_dir = dir.path().join("run");
+    let cli = Cli::parse_from([
+        "local",
+        "--dataset",
+        // 256 inputs and 4 classes: a weight table of 1,024 values, big enough for top-k.
+        "synthetic-dense:4000:256:4",
+        "--model",
+        "softmax",
+        "--codec",
+        "topk:0.05",
+        "--optimizer",
+        "momentum",
+        "--momentum-correction",
+        "--sparsity-warmup",
+        "1",
+        "--lr-schedule",
+        "cosine",
+        "--lr",
+        "0.2",
+        "--epochs",
+        "3",
+        "--batch",
+        "64",
+        "--quiet",
+        "--run-dir",
+        run_dir.to_str().unwrap(),
+    ]);
+    let o = ps_worker::local::run(&cli.local).await.unwrap();
+    let e = &o.result.eval;
+    assert!(e.test_accuracy > 0.6, "{e:?}");
+    let steps: Vec<serde_json::Value> = std::fs::read_to_string(o.run_dir.join("steps-w0.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let bytes = |s: &[serde_json::Value]| {
+        s.iter()
+            .map(|s| s["wire_bytes"].as_f64().unwrap())
+            .sum::<f64>()
+            / s.len() as f64
+    };
+    let (first, last) = (bytes(&steps[..5]), bytes(&steps[steps.len() - 5..]));
+    assert!(first > 3.0 * last, "first clocks {first} B, last {last} B");
+}
+
+/// A cosine step size is applied by scaling the gradients, which is a learning-rate schedule
+/// only for SGD and momentum: under Adagrad the workers refuse it and say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_size_schedule_is_refused_for_adagrad() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = Cli::parse_from([
+        "local",
+        "--dataset",
+        DATA,
+        "--model",
+        "softmax",
+        "--optimizer",
+        "adagrad",
+        "--lr-schedule",
+        "cosine",
+        "--epochs",
+        "1",
+        "--quiet",
+        "--run-dir",
+        dir.path().join("run").to_str().unwrap(),
+    ]);
+    let err = format!("{:#}", ps_worker::local::run(&cli.local).await.unwrap_err());
+    assert!(err.contains("only for sgd and momentum tables"), "{err}");
+}

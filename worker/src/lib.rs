@@ -14,4 +14,4 @@ pub mod model;
 pub mod run;
 pub mod train;
 
-pub use train::{SspRefresh, WorkerConfig, run as run_worker};
+pub use train::{LrSchedule, SspRefresh, WorkerConfig, run as run_worker};

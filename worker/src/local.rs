@@ -16,7 +16,7 @@ use ps_core::JobSpec;
 
 use crate::data::DatasetSpec;
 use crate::run::{EvalRecord, FinalRecord};
-use crate::train::SspRefresh;
+use crate::train::{LrSchedule, SspRefresh};
 
 /// What `psctl local` trains, and how.
 #[derive(Debug, Clone, clap::Args)]
@@ -98,6 +98,14 @@ pub struct LocalArgs {
     /// with sparse codecs, whose error feedback the shards' momentum would amplify.
     #[arg(long)]
     pub momentum_correction: bool,
+    /// Sparsity warm-up over this many epochs: top-k and random-k tables push 25% of their
+    /// values at first, falling geometrically to the codec's ratio. 0: off.
+    #[arg(long, default_value_t = 0.0)]
+    pub sparsity_warmup: f64,
+    /// How the step size moves over the job: constant, or cosine decay to 0 (the workers scale
+    /// their gradients: for sgd and momentum tables only).
+    #[arg(long, value_enum, default_value_t = LrSchedule::Constant)]
+    pub lr_schedule: LrSchedule,
     /// Where the workers compute: auto (CUDA when a device works, else the CPU), cpu, cuda:N.
     #[arg(long, default_value = "auto")]
     pub device: crate::backend::DeviceChoice,
@@ -492,6 +500,10 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
         args.extend(["--device".into(), a.device.to_string()]);
         if a.momentum_correction {
             args.extend(["--local-momentum".into(), "0.9".into()]);
+        }
+        args.extend(["--lr-schedule".into(), a.lr_schedule.to_string()]);
+        if a.sparsity_warmup > 0.0 {
+            args.extend(["--sparsity-warmup".into(), a.sparsity_warmup.to_string()]);
         }
         if a.no_error_feedback {
             args.push("--no-error-feedback".into());

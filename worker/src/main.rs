@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
-use ps_worker::{SspRefresh, WorkerConfig};
+use ps_worker::{LrSchedule, SspRefresh, WorkerConfig};
 
 #[derive(Debug, Parser)]
 #[command(name = "worker", version, about = "A parameter-server training worker")]
@@ -60,6 +60,15 @@ struct Args {
     /// then use plain SGD). 0: off.
     #[arg(long, default_value_t = 0.0)]
     local_momentum: f32,
+    /// Sparsity warm-up (Deep Gradient Compression) over this many epochs of the job: top-k
+    /// and random-k tables push 25% of their values at first, falling geometrically to their
+    /// codec's ratio. 0: off.
+    #[arg(long, default_value_t = 0.0)]
+    sparsity_warmup: f64,
+    /// How the step size moves over the job: constant, or cosine decay to 0 (applied by
+    /// scaling the gradients: for sgd and momentum tables only).
+    #[arg(long, value_enum, default_value_t = LrSchedule::Constant)]
+    lr_schedule: LrSchedule,
     /// Where the model computes: auto (CUDA when a device works, else the CPU), cpu, cuda:N.
     #[arg(long, env = "PS_DEVICE", default_value = "auto")]
     device: ps_worker::backend::DeviceChoice,
@@ -86,6 +95,8 @@ async fn main() -> ExitCode {
     cfg.ssp_refresh = a.ssp_refresh;
     cfg.error_feedback = !a.no_error_feedback;
     cfg.local_momentum = a.local_momentum.clamp(0.0, 0.999);
+    cfg.sparsity_warmup = a.sparsity_warmup.max(0.0);
+    cfg.lr_schedule = a.lr_schedule;
     cfg.device = a.device;
     let shutdown = ps_runtime::shutdown::on_signals();
     match ps_worker::run_worker(cfg, shutdown).await {

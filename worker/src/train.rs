@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use futures::future::try_join_all;
 use ps_client::scheduler::{ClockDone, Grant, SchedulerClient, WorkerSession};
 use ps_client::{ClientConfig, PsClient};
+use ps_core::JobSpec;
 use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
 use tokio_util::sync::CancellationToken;
@@ -56,6 +57,13 @@ pub struct WorkerConfig {
     /// SGD, so what a sparse codec holds back in the residual is momentum, not raw gradient.
     /// 0: off (the shards' optimizer does the momentum).
     pub local_momentum: f32,
+    /// Sparsity warm-up, in epochs of the job: a top-k or random-k table pushes a share that
+    /// falls geometrically from [`WARMUP_START_RATIO`] to its codec's ratio over these epochs
+    /// (Deep Gradient Compression), so the first, largest gradients are not held back in the
+    /// residual for long. 0: off.
+    pub sparsity_warmup: f64,
+    /// How the step size moves over the job (the workers scale their gradients).
+    pub lr_schedule: LrSchedule,
     /// Where the model computes: `auto` (CUDA when it works, else the CPU), `cpu`, `cuda:N`.
     pub device: DeviceChoice,
     pub prefetch_depth: usize,
@@ -80,6 +88,8 @@ impl WorkerConfig {
             ssp_refresh: SspRefresh::EveryClock,
             error_feedback: true,
             local_momentum: 0.0,
+            sparsity_warmup: 0.0,
+            lr_schedule: LrSchedule::Constant,
             device: DeviceChoice::Auto,
             prefetch_depth: 4,
         }
@@ -119,6 +129,43 @@ impl std::fmt::Display for SspRefresh {
         f.write_str(match self {
             Self::EveryClock => "every-clock",
             Self::Bound => "bound",
+        })
+    }
+}
+
+/// How the step size moves over a job of a known number of clocks. The workers apply it by
+/// scaling their gradients, which for SGD and momentum tables is exactly a learning-rate
+/// schedule (the rate inside the velocity): the shards' optimizers need no change. Tables under
+/// Adagrad, Adam or FTRL normalise the gradient's scale away, so a schedule is refused there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum LrSchedule {
+    /// The tables' learning rate throughout.
+    #[default]
+    Constant,
+    /// Cosine decay from the tables' rate to 0 over the job's clocks: big steps early, small
+    /// ones at the end, where a constant rate keeps the model bouncing around the optimum.
+    Cosine,
+}
+
+impl LrSchedule {
+    /// The factor on the learning rate at `clock` of a job of `clocks`.
+    pub fn factor(self, clock: u64, clocks: u64) -> f32 {
+        match self {
+            Self::Constant => 1.0,
+            Self::Cosine if clocks == 0 => 1.0,
+            Self::Cosine => {
+                let p = (clock as f64 / clocks as f64).clamp(0.0, 1.0);
+                (0.5 * (1.0 + (std::f64::consts::PI * p).cos())) as f32
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for LrSchedule {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Constant => "constant",
+            Self::Cosine => "cosine",
         })
     }
 }
@@ -171,6 +218,22 @@ async fn train_on<B: Backend + Clone>(
             );
         }
     }
+    if cfg.lr_schedule != LrSchedule::Constant {
+        for (t, _) in net.dense_tables().iter().chain(net.sparse_tables()) {
+            let Some(table) = spec.table(t) else { continue };
+            if !matches!(
+                table.spec.optimizer,
+                ps_core::Optimizer::Sgd { .. } | ps_core::Optimizer::Momentum { .. }
+            ) {
+                bail!(
+                    "--lr-schedule {} scales the gradients, a learning-rate schedule only for \
+                     sgd and momentum tables; table `{t}` uses {}",
+                    cfg.lr_schedule,
+                    table.spec.optimizer.name()
+                );
+            }
+        }
+    }
     let mut client_cfg = ClientConfig::new(Vec::<String>::new());
     // Ride out a shard restart: the client follows the scheduler's map meanwhile.
     client_cfg.max_attempts = 200;
@@ -182,6 +245,18 @@ async fn train_on<B: Backend + Clone>(
             let mut codec = ps.table_codec(t)?;
             codec.push.error_feedback = false;
             ps.set_table_codec(t, codec)?;
+        }
+    }
+    let mut sparsified = Vec::new();
+    if cfg.sparsity_warmup > 0.0 {
+        for (t, _) in net.dense_tables().iter().chain(net.sparse_tables()) {
+            let push = ps.table_codec(t)?.push;
+            if let ps_codec::Codec::TopK { ratio, .. } | ps_codec::Codec::RandomK { ratio, .. } =
+                push.codec
+                && push.keeps_residual()
+            {
+                sparsified.push((t.clone(), ratio));
+            }
         }
     }
     let trainer = Trainer {
@@ -199,6 +274,7 @@ async fn train_on<B: Backend + Clone>(
         eval_time: Duration::ZERO,
         own: None,
         velocity: Vec::new(),
+        sparsified,
     };
     trainer.train(session, shutdown).await
 }
@@ -218,6 +294,21 @@ struct Trainer<B: Backend + Clone> {
     own: Option<Vec<OwnTable>>,
     /// The worker-side momentum of each dense table (with `local_momentum`).
     velocity: Vec<Vec<f32>>,
+    /// The tables pushed with top-k or random-k and error feedback, with their codec's ratio:
+    /// what the sparsity warm-up moves.
+    sparsified: Vec<(String, f64)>,
+}
+
+/// The share of its values a top-k or random-k table pushes when a sparsity warm-up starts.
+pub const WARMUP_START_RATIO: f64 = 0.25;
+
+/// The ratio a sparsity warm-up of `warmup` epochs sets after `epochs` epochs of the job:
+/// geometric from [`WARMUP_START_RATIO`] down to `target`, then `target`.
+pub fn warmup_ratio(target: f64, epochs: f64, warmup: f64) -> f64 {
+    if target >= WARMUP_START_RATIO || epochs >= warmup {
+        return target;
+    }
+    WARMUP_START_RATIO * (target / WARMUP_START_RATIO).powf(epochs.max(0.0) / warmup)
 }
 
 /// Read-my-writes for a cached model, one per dense table: the table as last pulled plus this
@@ -330,9 +421,10 @@ impl<B: Backend + Clone> Trainer<B> {
             } else {
                 (batch.len() * spec.num_workers as usize) as f32
             };
+            let lr = self.cfg.lr_schedule.factor(grant.clock, spec.max_clocks);
             let compute_start = Instant::now();
             let (loss, correct) =
-                tokio::task::block_in_place(|| self.compute(&batch, 1.0 / global.max(1.0)))?;
+                tokio::task::block_in_place(|| self.compute(&batch, lr / global.max(1.0)))?;
             let mut compute = compute_start.elapsed();
             // A persistently slower machine computes `slowdown` times slower (its network is
             // no slower): the batch's compute is stretched, which is what balanced batch
@@ -341,6 +433,13 @@ impl<B: Backend + Clone> Trainer<B> {
                 let extra = compute.mul_f64(self.cfg.slowdown - 1.0);
                 tokio::time::sleep(extra).await;
                 compute += extra;
+            }
+            if !self.sparsified.is_empty() {
+                let epochs = self.job_epochs(&spec, grant.clock);
+                for (t, target) in &self.sparsified {
+                    let ratio = warmup_ratio(*target, epochs, self.cfg.sparsity_warmup);
+                    self.ps.set_push_ratio(t, ratio)?;
+                }
             }
             let (wire, raw) = self.push().await?;
             // A transient straggler (a preempted or throttled step): the whole step, pulls and
@@ -402,14 +501,7 @@ impl<B: Backend + Clone> Trainer<B> {
         }
         drop(prefetch);
         if self.cfg.evaluate && !shutdown.is_cancelled() {
-            // Epochs of the job (every worker's examples), not of this worker: with balanced
-            // batches the workers see different shares.
-            let examples = if spec.global_batch > 0 {
-                grant.clock * spec.global_batch
-            } else {
-                self.summary.examples * u64::from(spec.num_workers)
-            };
-            let epoch = examples / self.split.train.len().max(1) as u64;
+            let epoch = self.job_epochs(&spec, grant.clock) as u64;
             let e = self.evaluate(grant.clock, epoch, &window).await?;
             self.run
                 .finish(&e, &self.summary, &self.ps, &self.net, &spec)
@@ -419,6 +511,17 @@ impl<B: Backend + Clone> Trainer<B> {
         self.run.flush()?;
         session.leave().await.ok();
         Ok(self.summary)
+    }
+
+    /// Epochs of the job before `clock`: every worker's examples, not this worker's (with
+    /// balanced batches the workers see different shares).
+    fn job_epochs(&self, spec: &JobSpec, clock: u64) -> f64 {
+        let examples = if spec.global_batch > 0 {
+            clock * spec.global_batch
+        } else {
+            self.summary.examples * u64::from(spec.num_workers)
+        };
+        examples as f64 / self.split.train.len().max(1) as f64
     }
 
     async fn pull_dense(&mut self) -> anyhow::Result<()> {
@@ -657,12 +760,53 @@ pub fn auc(scored: &mut [(f32, u32)]) -> f64 {
 
 #[cfg(test)]
 mod tests {
-    use super::auc;
+    use super::{LrSchedule, WARMUP_START_RATIO, auc, warmup_ratio};
 
     #[test]
     fn auc_of_known_rankings() {
         assert_eq!(auc(&mut [(0.1, 0), (0.4, 0), (0.35, 1), (0.8, 1)]), 0.75);
         assert_eq!(auc(&mut [(0.9, 1), (0.1, 0)]), 1.0);
         assert_eq!(auc(&mut [(0.5, 1), (0.5, 0)]), 0.5);
+    }
+
+    #[test]
+    fn a_cosine_schedule_falls_from_one_to_zero_over_the_job() {
+        let close = |a: f32, b: f32| (a - b).abs() < 1e-6;
+        let cos = LrSchedule::Cosine;
+        assert!(close(cos.factor(0, 1000), 1.0));
+        assert!(close(cos.factor(500, 1000), 0.5));
+        assert!(close(cos.factor(250, 1000), 0.853_553_4));
+        assert!(close(cos.factor(1000, 1000), 0.0));
+        assert!(close(cos.factor(5000, 1000), 0.0));
+        let mut last = f32::INFINITY;
+        for c in 0..=100 {
+            let f = cos.factor(c, 100);
+            assert!(f <= last && f >= 0.0, "{f} after {last}");
+            last = f;
+        }
+        // A job of unknown length, and the constant schedule, keep the tables' rate.
+        assert_eq!(cos.factor(7, 0), 1.0);
+        assert_eq!(LrSchedule::Constant.factor(999, 1000), 1.0);
+    }
+
+    #[test]
+    fn a_sparsity_warmup_falls_geometrically_to_the_codec_ratio() {
+        let close = |a: f64, b: f64| (a - b).abs() < 1e-12;
+        assert!(close(warmup_ratio(0.01, 0.0, 1.0), WARMUP_START_RATIO));
+        // Halfway in epochs is halfway in log-ratio: sqrt(0.25 * 0.01).
+        assert!(close(warmup_ratio(0.01, 0.5, 1.0), 0.05));
+        assert!(close(warmup_ratio(0.01, 1.0, 1.0), 0.01));
+        assert!(close(warmup_ratio(0.01, 7.0, 1.0), 0.01));
+        assert!(close(warmup_ratio(0.01, 1.0, 2.0), 0.05));
+        // Falling all the way, and never below the target.
+        let mut last = f64::INFINITY;
+        for i in 0..=40 {
+            let r = warmup_ratio(0.01, f64::from(i) * 0.05, 1.0);
+            assert!(r <= last && r >= 0.01, "{r} after {last}");
+            last = r;
+        }
+        // A codec that sends more than the start, or no warm-up at all, keeps its ratio.
+        assert_eq!(warmup_ratio(0.5, 0.0, 1.0), 0.5);
+        assert_eq!(warmup_ratio(0.01, 0.0, 0.0), 0.01);
     }
 }

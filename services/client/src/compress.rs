@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use ps_codec::{CompressOptions, Encoder, ErrorFeedback, RowErrorFeedback};
+use ps_codec::{Codec, CompressOptions, Encoder, ErrorFeedback, RowErrorFeedback};
 use ps_core::{Encoding, TableName};
 
 use crate::ClientError;
@@ -145,6 +145,34 @@ impl Codecs {
     pub fn set(&self, name: TableName, codec: TableCodec) {
         let t = self.state(&name, codec);
         self.tables.lock().insert(name, t);
+    }
+
+    /// Sets the ratio of a top-k or random-k table's pushes from the next push on, keeping
+    /// the residual (a sparsity warm-up moves the ratio while training).
+    pub fn set_ratio(&self, name: &TableName, ratio: f64) -> Result<(), ClientError> {
+        let (sender, codec) = {
+            let mut tables = self.tables.lock();
+            let t = tables
+                .entry(name.clone())
+                .or_insert_with(|| self.state(name, self.default));
+            let codec = match t.codec.push.codec {
+                Codec::TopK { values, .. } => Codec::TopK { ratio, values },
+                Codec::RandomK { values, .. } => Codec::RandomK { ratio, values },
+                other => {
+                    return Err(ClientError::InvalidInput(format!(
+                        "table {name} pushes with {other}, which has no ratio to set"
+                    )));
+                }
+            };
+            codec
+                .validate()
+                .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+            t.codec.push.codec = codec;
+            (t.sender.clone(), codec)
+        };
+        // Like a push, lock the sender once the table map is let go.
+        sender.lock().enc.set_codec(codec);
+        Ok(())
     }
 
     /// Forgets a table (it was dropped).

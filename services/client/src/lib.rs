@@ -306,6 +306,14 @@ impl PsClient {
         Ok(())
     }
 
+    /// Sets the ratio of table `name`'s top-k or random-k pushes from the next push on,
+    /// keeping what its residual owes: for a sparsity warm-up, which sends a larger share in
+    /// the first epochs. Any other codec is an `InvalidInput` error, as is a ratio outside
+    /// (0, 1].
+    pub fn set_push_ratio(&self, name: &str, ratio: f64) -> Result<(), ClientError> {
+        self.inner.codecs.set_ratio(&table_name(name)?, ratio)
+    }
+
     /// How table `name` travels.
     pub fn table_codec(&self, name: &str) -> Result<TableCodec, ClientError> {
         Ok(self.inner.codecs.get(&table_name(name)?).0)

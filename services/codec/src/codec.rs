@@ -305,6 +305,11 @@ impl Encoder {
         &self.opts
     }
 
+    /// Changes the codec from the next encode on; the generator keeps its stream.
+    pub fn set_codec(&mut self, codec: Codec) {
+        self.opts.codec = codec;
+    }
+
     /// The codec this encoder will apply to `n` values.
     pub fn codec_for(&self, n: usize) -> Codec {
         let sparse_too_big = u32::try_from(n).is_err()
