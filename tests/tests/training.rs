@@ -18,25 +18,34 @@ struct Cli {
 
 const DATA: &str = "synthetic-dense:4000:16:4";
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_local_cluster_trains_a_model_well_above_chance() {
-    let dir = tempfile::tempdir().unwrap();
-    let run_dir = dir.path().join("run");
-    let cli = Cli::parse_from([
-        "local",
-        "--dataset",
-        DATA,
-        "--model",
-        "mlp:16",
-        "--epochs",
-        "3",
-        "--batch",
-        "64",
+/// `psctl local` with `args`, quiet, its run directory under `dir`.
+fn local(args: &[&str], dir: &std::path::Path) -> LocalArgs {
+    let run_dir = dir.join("run");
+    let argv = ["local"].into_iter().chain(args.iter().copied()).chain([
         "--quiet",
         "--run-dir",
         run_dir.to_str().unwrap(),
     ]);
-    let o = ps_worker::local::run(&cli.local).await.unwrap();
+    Cli::parse_from(argv).local
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_cluster_trains_a_model_well_above_chance() {
+    let dir = tempfile::tempdir().unwrap();
+    let args = local(
+        &[
+            "--dataset",
+            DATA,
+            "--model",
+            "mlp:16",
+            "--epochs",
+            "3",
+            "--batch",
+            "64",
+        ],
+        dir.path(),
+    );
+    let o = ps_worker::local::run(&args).await.unwrap();
     let e = &o.result.eval;
     eprintln!(
         "test accuracy {:.3} after {} clocks",
@@ -161,34 +170,32 @@ learning_rate = 0.05
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn top_k_with_a_warmup_and_a_cosine_step_trains() {
     let dir = tempfile::tempdir().unwrap();
-    let run_dir = dir.path().join("run");
-    let cli = Cli::parse_from([
-        "local",
-        "--dataset",
-        // 256 inputs and 4 classes: a weight table of 1,024 values, big enough for top-k.
-        "synthetic-dense:4000:256:4",
-        "--model",
-        "softmax",
-        "--codec",
-        "topk:0.05",
-        "--optimizer",
-        "momentum",
-        "--momentum-correction",
-        "--sparsity-warmup",
-        "1",
-        "--lr-schedule",
-        "cosine",
-        "--lr",
-        "0.2",
-        "--epochs",
-        "3",
-        "--batch",
-        "64",
-        "--quiet",
-        "--run-dir",
-        run_dir.to_str().unwrap(),
-    ]);
-    let o = ps_worker::local::run(&cli.local).await.unwrap();
+    let args = local(
+        &[
+            "--dataset",
+            // 256 inputs and 4 classes: a weight table of 1,024 values, big enough for top-k.
+            "synthetic-dense:4000:256:4",
+            "--model",
+            "softmax",
+            "--codec",
+            "topk:0.05",
+            "--optimizer",
+            "momentum",
+            "--momentum-correction",
+            "--sparsity-warmup",
+            "1",
+            "--lr-schedule",
+            "cosine",
+            "--lr",
+            "0.2",
+            "--epochs",
+            "3",
+            "--batch",
+            "64",
+        ],
+        dir.path(),
+    );
+    let o = ps_worker::local::run(&args).await.unwrap();
     let e = &o.result.eval;
     assert!(e.test_accuracy > 0.6, "{e:?}");
     let steps: Vec<serde_json::Value> = std::fs::read_to_string(o.run_dir.join("steps-w0.jsonl"))
@@ -211,22 +218,21 @@ async fn top_k_with_a_warmup_and_a_cosine_step_trains() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_step_size_schedule_is_refused_for_adagrad() {
     let dir = tempfile::tempdir().unwrap();
-    let cli = Cli::parse_from([
-        "local",
-        "--dataset",
-        DATA,
-        "--model",
-        "softmax",
-        "--optimizer",
-        "adagrad",
-        "--lr-schedule",
-        "cosine",
-        "--epochs",
-        "1",
-        "--quiet",
-        "--run-dir",
-        dir.path().join("run").to_str().unwrap(),
-    ]);
-    let err = format!("{:#}", ps_worker::local::run(&cli.local).await.unwrap_err());
+    let args = local(
+        &[
+            "--dataset",
+            DATA,
+            "--model",
+            "softmax",
+            "--optimizer",
+            "adagrad",
+            "--lr-schedule",
+            "cosine",
+            "--epochs",
+            "1",
+        ],
+        dir.path(),
+    );
+    let err = format!("{:#}", ps_worker::local::run(&args).await.unwrap_err());
     assert!(err.contains("only for sgd and momentum tables"), "{err}");
 }

@@ -295,7 +295,7 @@ struct Trainer<B: Backend + Clone> {
     /// The worker-side momentum of each dense table (with `local_momentum`).
     velocity: Vec<Vec<f32>>,
     /// The tables pushed with top-k or random-k and error feedback, with their codec's ratio:
-    /// what the sparsity warm-up moves.
+    /// what the sparsity warm-up moves (emptied once it has ended).
     sparsified: Vec<(String, f64)>,
 }
 
@@ -439,6 +439,10 @@ impl<B: Backend + Clone> Trainer<B> {
                 for (t, target) in &self.sparsified {
                     let ratio = warmup_ratio(*target, epochs, self.cfg.sparsity_warmup);
                     self.ps.set_push_ratio(t, ratio)?;
+                }
+                if epochs >= self.cfg.sparsity_warmup {
+                    // The codecs' own ratios are set: nothing moves any more.
+                    self.sparsified.clear();
                 }
             }
             let (wire, raw) = self.push().await?;
