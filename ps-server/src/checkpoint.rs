@@ -187,7 +187,7 @@ pub fn install_generation(
     Ok((gen_dir.join("db"), manifest))
 }
 
-/// Deletes the RocksDB directories of `data_dir` that are not the live one (left behind by a
+/// Deletes the RocksDB directories (and dense logs) of `data_dir` that are not the live one (left behind by a
 /// restore while the old database was still open). Call before opening the store.
 pub fn remove_stale_generations(data_dir: &Path) -> anyhow::Result<()> {
     let live = current_db(data_dir)?;
@@ -197,10 +197,15 @@ pub fn remove_stale_generations(data_dir: &Path) -> anyhow::Result<()> {
     for e in entries {
         let p = e?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        let is_gen = name.starts_with("gen-") || name == "db";
-        if is_gen && !live.starts_with(&p) {
+        // The first generation is `db`, with its dense log beside it.
+        let is_gen = name.starts_with("gen-") || name == "db" || name == "db.dense-log";
+        if is_gen && !live.starts_with(&p) && p != crate::dense_log::path_for(&live) {
             tracing::info!(path = %p.display(), "removing a replaced database generation");
-            fs::remove_dir_all(&p)?;
+            if p.is_dir() {
+                fs::remove_dir_all(&p)?;
+            } else {
+                fs::remove_file(&p)?;
+            }
         }
     }
     Ok(())

@@ -2,10 +2,12 @@
 //! exactly-once application of pushes.
 //!
 //! Every mutation (push, create, drop, checkpoint) goes through one writer thread. It takes all
-//! queued pushes at once, applies them to the hot layer, puts the updated parameters, optimizer
-//! state and the pushes' (client id, seq) into one batch, writes it (WAL on), and only then
-//! answers the callers: a push is durable before it is acknowledged, and one write serves many
-//! concurrent pushes. Reads are served from the hot layer, concurrently with the writer.
+//! queued pushes at once, applies them to the hot layer, puts the updated sparse rows, their
+//! optimizer state and the pushes' (client id, seq) into one batch, appends the dense pushes'
+//! gradients to the dense log ([`crate::dense_log`]) as one record, writes the record and then
+//! the batch (WAL on), and only then answers the callers: a push is durable before it is
+//! acknowledged, and one write serves many concurrent pushes. Reads are served from the hot
+//! layer, concurrently with the writer.
 //!
 //! A write that fails leaves memory ahead of disk, so the engine turns itself read-only
 //! (`unavailable` for every later write) until a restart reloads the durable state.
@@ -25,6 +27,7 @@ use ps_core::{
 };
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
+use crate::dense_log::DenseLog;
 use crate::metrics as m;
 use crate::optim;
 use crate::registration::MapEpoch;
@@ -207,6 +210,8 @@ const META_NEXT_ID: &[u8] = b"n";
 const META_IDENTITY: &[u8] = b"s";
 const META_DEDUP: u8 = b'd';
 const META_FLOOR: u8 = b'f';
+/// The dense-log position the dense cells in the store cover (little-endian u64).
+const META_LOG_POS: &[u8] = b"l";
 
 fn dedup_key(client: u64, seq: u64) -> [u8; 17] {
     let mut k = [0u8; 17];
@@ -367,6 +372,8 @@ struct Inner<S: Store> {
     /// What each client was sent of each chunk by delta pulls: (client, table id, chunk).
     replicas: DashMap<(u64, u32, u64), Replica, foldhash::fast::RandomState>,
     replica_bytes: AtomicU64,
+    /// The dense-gradient log (durable stores only); used by the writer alone.
+    log: Mutex<Option<DenseLog>>,
 }
 
 /// A client's copy of one chunk, as delta pulls have built it.
@@ -419,7 +426,6 @@ impl<S: Store> Engine<S> {
     pub fn open(store: S, cfg: EngineConfig) -> Result<Self> {
         let partitioner = Partitioner::new(cfg.num_shards, cfg.virtual_nodes);
         let inner = Arc::new(Inner {
-            store,
             partitioner,
             tables: RwLock::new(HashMap::new()),
             next_table_id: Mutex::new(1),
@@ -429,6 +435,8 @@ impl<S: Store> Engine<S> {
             started: Instant::now(),
             replicas: DashMap::default(),
             replica_bytes: AtomicU64::new(0),
+            log: Mutex::new(store.dense_log().map(|o| DenseLog::open(&o)).transpose()?),
+            store,
             cfg,
         });
         inner.load()?;
@@ -884,6 +892,29 @@ impl<S: Store> Engine<S> {
     }
 }
 
+/// Applies `grad` to one cell's parameters and optimizer state, in memory.
+fn apply_grad(table: &Table, cell: &mut Cell, grad: &[f32]) {
+    let (w, state) = cell.data.split_at_mut(grad.len());
+    optim::apply(&table.spec.optimizer, w, state, &mut cell.step, grad);
+}
+
+/// Puts one cell's parameters and optimizer state into `batch`.
+fn put_cell(
+    table: &Table,
+    index: u64,
+    cell: &Cell,
+    batch: &mut impl StoreBatch,
+    scratch: &mut Vec<u8>,
+) {
+    let n = cell.data.len() / (1 + table.spec.optimizer.state_slots());
+    let key = table.key(index);
+    batch.put(Cf::Params, &key, bytemuck::cast_slice(&cell.data[..n]));
+    // SGD keeps no state: one put per cell instead of two.
+    if table.spec.optimizer.state_slots() > 0 {
+        batch.put(Cf::Optim, &key, cell.encode_state(n, scratch));
+    }
+}
+
 impl<S: Store> Inner<S> {
     /// Loads the identity, tables, cells and applied push ids from the store.
     fn load(&self) -> Result<()> {
@@ -967,13 +998,111 @@ impl<S: Store> Inner<S> {
                 .insert(be_u64(&k[9..])?);
             Ok(())
         })?;
+        drop(dedup);
+        let replayed = self.replay_log()?;
         tracing::info!(
             tables = self.tables.read().len(),
-            clients = dedup.clients.len(),
+            clients = self.dedup.lock().clients.len(),
+            replayed,
             "shard state loaded"
         );
-        drop(dedup);
         self.hint_working_set();
+        Ok(())
+    }
+
+    /// Applies the dense-log records the stored cells do not cover, in order, through the
+    /// same optimizer code as the pushes that wrote them; their push ids join the dedup set
+    /// (and the store, for those whose group commit died between the log and the store).
+    /// Returns the number of records replayed.
+    fn replay_log(&self) -> Result<u64> {
+        let mut guard = self.log.lock();
+        let Some(log) = guard.as_mut() else {
+            return Ok(0);
+        };
+        let mut from = None;
+        self.store.scan(Cf::Meta, META_LOG_POS, &mut |k, v| {
+            if k == META_LOG_POS {
+                from = Some(le_u64(v)?);
+            }
+            Ok(())
+        })?;
+        let Some(from) = from else {
+            // A new database: whatever a log file beside it holds is not its own.
+            log.reset()?;
+            let mut batch = self.store.batch();
+            batch.put(Cf::Meta, META_LOG_POS, &0u64.to_le_bytes());
+            self.store.write(batch)?;
+            return Ok(0);
+        };
+        let by_id: HashMap<u32, Arc<Table>> = self
+            .tables
+            .read()
+            .values()
+            .map(|t| (t.id, t.clone()))
+            .collect();
+        let mut dedup = self.dedup.lock();
+        let mut batch = self.store.batch();
+        let mut grad = Vec::new();
+        let records = log.replay(from, &mut |pushes| {
+            for p in pushes {
+                // Records of a table dropped since are skipped; its cells are gone.
+                if let Some(table) = by_id.get(&p.table_id) {
+                    let TableData::Dense(chunks) = &table.data else {
+                        return Err(StoreError::Corrupt(format!(
+                            "the dense log names sparse table `{}`",
+                            table.spec.name
+                        )));
+                    };
+                    for &(index, data) in &p.chunks {
+                        let cell = chunks.get(&index).ok_or_else(|| {
+                            StoreError::Corrupt(format!(
+                                "the dense log names chunk {index} of `{}`, not this shard's",
+                                table.spec.name
+                            ))
+                        })?;
+                        let mut cell = cell.write();
+                        let n = cell.data.len() / (1 + table.spec.optimizer.state_slots());
+                        grad.resize(n, 0.0);
+                        read_f32s(data, &mut grad)?;
+                        apply_grad(table, &mut cell, &grad);
+                    }
+                }
+                if !dedup.seen(&p.push_id) {
+                    dedup.record(&p.push_id, &mut batch);
+                }
+            }
+            Ok(())
+        })?;
+        drop(dedup);
+        if batch.size_bytes() > 0 {
+            self.store.write(batch)?;
+        }
+        Ok(records)
+    }
+
+    /// Writes every dense cell into the store with the log position they now cover, so the
+    /// log's records before it may be overwritten. Refused once a write has failed: memory may
+    /// then hold updates whose push ids never reached the store.
+    fn snapshot(&self, log: &mut DenseLog) -> Result<()> {
+        if let Some(why) = self.failed.lock().clone() {
+            return Err(EngineError::Unavailable(why));
+        }
+        let t0 = Instant::now();
+        let mut batch = self.store.batch();
+        let mut scratch = Vec::new();
+        for table in self.tables.read().values() {
+            if let TableData::Dense(chunks) = &table.data {
+                for (&index, cell) in chunks {
+                    put_cell(table, index, &cell.read(), &mut batch, &mut scratch);
+                }
+            }
+        }
+        let head = log.head();
+        batch.put(Cf::Meta, META_LOG_POS, &head.to_le_bytes());
+        let bytes = batch.size_bytes();
+        self.write(batch).map_err(EngineError::Unavailable)?;
+        log.snapshot_taken(head);
+        m::dense_snapshot(bytes, t0.elapsed());
         Ok(())
     }
 
@@ -1100,6 +1229,12 @@ impl<S: Store> Inner<S> {
                     }
                     Cmd::Stop => {
                         self.commit_group(std::mem::take(&mut pushes));
+                        // A clean stop leaves nothing to replay at the next start.
+                        if let Some(log) = self.log.lock().as_mut()
+                            && let Err(e) = self.snapshot(log)
+                        {
+                            tracing::warn!(error = %e, "no dense snapshot at stop; the next start replays the log");
+                        }
                         tracing::info!("writer stopped");
                         return;
                     }
@@ -1120,23 +1255,57 @@ impl<S: Store> Inner<S> {
         }
         let t0 = Instant::now();
         let mut batch = self.store.batch();
+        let mut log_guard = self.log.lock();
+        // The group's dense gradients go to the log, unless they are more than it takes.
+        let mut log = match log_guard.as_mut() {
+            Some(log) => match self.prepare_log(log, &pushes) {
+                Ok(true) => {
+                    log.begin();
+                    Some(log)
+                }
+                Ok(false) => None,
+                Err(e) => {
+                    let e = e.to_string();
+                    for (_, reply) in pushes {
+                        let _ = reply.send(Err(EngineError::Unavailable(e.clone())));
+                    }
+                    return;
+                }
+            },
+            None => None,
+        };
         let results: Vec<Result<PushOutcome>> = {
             let mut dedup = self.dedup.lock();
             pushes
                 .iter()
-                .map(|(job, _)| self.apply(job, &mut dedup, &mut batch))
+                .map(|(job, _)| self.apply(job, &mut dedup, &mut batch, log.as_deref_mut()))
                 .collect()
         };
         let applied = results
             .iter()
             .filter(|r| matches!(r, Ok(o) if !o.duplicate))
             .count();
-        let size = batch.size_bytes();
         let t1 = Instant::now();
-        let written = if applied > 0 {
-            self.write(batch)
-        } else {
-            Ok(())
+        let mut size = batch.size_bytes();
+        // The log record first: the push ids in the batch claim what it holds.
+        let logged = match log {
+            Some(log) if log.pending() > DenseLog::record_len(0, 0, 0) => {
+                log.commit().map_err(|e| self.fail(&e))
+            }
+            _ => Ok(0),
+        };
+        drop(log_guard);
+        size += logged.as_ref().map_or(0, |&n| n as usize);
+        let written = match logged {
+            Err(e) => Err(e),
+            Ok(n) => {
+                self.counters.bytes_written.fetch_add(n, Ordering::Relaxed);
+                if applied > 0 {
+                    self.write(batch)
+                } else {
+                    Ok(())
+                }
+            }
         };
         m::group_commit(pushes.len(), size, t1 - t0, t1.elapsed());
         for ((job, reply), result) in pushes.into_iter().zip(results) {
@@ -1166,18 +1335,71 @@ impl<S: Store> Inner<S> {
                     .fetch_add(size, Ordering::Relaxed);
                 Ok(())
             }
-            Err(e) => {
-                let why = format!(
-                    "a write to the shard's store failed ({e}); the shard is read-only until restarted"
-                );
-                tracing::error!("{why}");
-                *self.failed.lock() = Some(why.clone());
-                Err(why)
-            }
+            Err(e) => Err(self.fail(&e)),
         }
     }
 
-    fn apply(&self, job: &Job, dedup: &mut Dedup, batch: &mut S::Batch) -> Result<PushOutcome> {
+    /// Turns the engine read-only after a failed write; returns the reason callers get.
+    fn fail(&self, e: &StoreError) -> String {
+        let why = format!(
+            "a write to the shard's store failed ({e}); the shard is read-only until restarted"
+        );
+        tracing::error!("{why}");
+        *self.failed.lock() = Some(why.clone());
+        why
+    }
+
+    /// Decides where a group's dense gradients go: `true` for the log (after a snapshot when
+    /// the record would overwrite live ones), `false` for the store. A group larger than the
+    /// log takes goes to the store after a snapshot, so that the store's cells never lag the
+    /// log's records behind a newer direct write.
+    fn prepare_log(
+        &self,
+        log: &mut DenseLog,
+        pushes: &[(Job, oneshot::Sender<Result<PushOutcome>>)],
+    ) -> Result<bool> {
+        let (mut dense, mut chunks, mut bytes) = (0, 0, 0);
+        for (job, _) in pushes {
+            if let Job::Dense(table, push) = job {
+                let Some(shape) = table.spec.dense_shape() else {
+                    continue;
+                };
+                dense += 1;
+                for slice in &push.slices {
+                    let (mut offset, mut chunk) = (0, slice.chunk);
+                    while offset < slice.values.len() {
+                        let Some(n) = shape.chunk_len(chunk) else {
+                            break;
+                        };
+                        offset += n;
+                        chunk += 1;
+                        chunks += 1;
+                    }
+                    bytes += slice.values.len() * 4;
+                }
+            }
+        }
+        if dense == 0 {
+            return Ok(false);
+        }
+        let len = DenseLog::record_len(dense, chunks, bytes);
+        if len > log.max_record() {
+            self.snapshot(log)?;
+            return Ok(false);
+        }
+        if !log.fits(len) {
+            self.snapshot(log)?;
+        }
+        Ok(true)
+    }
+
+    fn apply(
+        &self,
+        job: &Job,
+        dedup: &mut Dedup,
+        batch: &mut S::Batch,
+        log: Option<&mut DenseLog>,
+    ) -> Result<PushOutcome> {
         let (table, push_id) = match job {
             Job::Dense(t, p) => (t, &p.push_id),
             Job::Sparse(t, p) => (t, &p.push_id),
@@ -1201,7 +1423,7 @@ impl<S: Store> Inner<S> {
             )));
         }
         let outcome = match job {
-            Job::Dense(t, p) => self.apply_dense(t, p, batch),
+            Job::Dense(t, p) => self.apply_dense(t, p, batch, log),
             Job::Sparse(t, p) => self.apply_sparse(t, p, batch),
         };
         dedup.record(push_id, batch);
@@ -1214,12 +1436,23 @@ impl<S: Store> Inner<S> {
         Ok(outcome)
     }
 
-    fn apply_dense(&self, table: &Table, push: &PushDense, batch: &mut S::Batch) -> PushOutcome {
+    /// Applies a dense push; the updated cells go into `batch`, or, with `log`, the applied
+    /// gradients go into the log's record.
+    fn apply_dense(
+        &self,
+        table: &Table,
+        push: &PushDense,
+        batch: &mut S::Batch,
+        mut log: Option<&mut DenseLog>,
+    ) -> PushOutcome {
         let mut out = PushOutcome::default();
         let (TableKind::Dense(shape), TableData::Dense(chunks)) = (&table.spec.kind, &table.data)
         else {
             return out; // checked before queueing
         };
+        if let Some(log) = log.as_deref_mut() {
+            log.push(table.id, &push.push_id);
+        }
         let mut grad = Vec::new();
         let mut scratch = Vec::new();
         for slice in &push.slices {
@@ -1244,7 +1477,15 @@ impl<S: Store> Inner<S> {
                 grad.resize(n, 0.0);
                 ps_core::payload::read_f32_le(part.data(), &mut grad);
                 let mut cell = cell.write();
-                self.update_cell(table, chunk - 1, &mut cell, &grad, batch, &mut scratch);
+                match log.as_deref_mut() {
+                    Some(log) => {
+                        apply_grad(table, &mut cell, &grad);
+                        log.chunk(chunk - 1, &grad);
+                    }
+                    None => {
+                        self.update_cell(table, chunk - 1, &mut cell, &grad, batch, &mut scratch)
+                    }
+                }
                 out.applied_values += n as u64;
             }
         }
@@ -1307,15 +1548,8 @@ impl<S: Store> Inner<S> {
         batch: &mut S::Batch,
         scratch: &mut Vec<u8>,
     ) {
-        let n = grad.len();
-        let (w, state) = cell.data.split_at_mut(n);
-        optim::apply(&table.spec.optimizer, w, state, &mut cell.step, grad);
-        let key = table.key(index);
-        batch.put(Cf::Params, &key, bytemuck::cast_slice(&cell.data[..n]));
-        // SGD keeps no state: one put per cell instead of two.
-        if table.spec.optimizer.state_slots() > 0 {
-            batch.put(Cf::Optim, &key, cell.encode_state(n, scratch));
-        }
+        apply_grad(table, cell, grad);
+        put_cell(table, index, cell, batch, scratch);
     }
 
     fn run_admin(&self, cmd: Cmd) {
@@ -1397,6 +1631,10 @@ impl<S: Store> Inner<S> {
                 "checkpoint `{name}` already exists at {}",
                 path.display()
             )));
+        }
+        // The checkpoint holds the store alone: the dense cells go into it first.
+        if let Some(log) = self.log.lock().as_mut() {
+            self.snapshot(log)?;
         }
         std::fs::create_dir_all(&path).map_err(StoreError::Io)?;
         let sequence = self.store.checkpoint(&path.join("db"))?;

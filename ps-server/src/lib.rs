@@ -8,6 +8,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod dense_log;
 pub mod engine;
 pub mod metrics;
 pub use ps_core::optim;

@@ -41,6 +41,14 @@ pub fn describe() {
         "Time to apply one group of pushes to the hot layer."
     );
     describe_histogram!(
+        "ps_dense_snapshot_seconds",
+        "Time to write every dense cell into the store, freeing the dense log."
+    );
+    describe_counter!(
+        "ps_dense_snapshot_bytes_total",
+        "Bytes of dense cells written by snapshots of the dense log."
+    );
+    describe_histogram!(
         "ps_store_write_seconds",
         "Time of one durable write (WAL, and fsync with --sync)."
     );
@@ -88,4 +96,9 @@ pub fn group_commit(pushes: usize, bytes: usize, apply: Duration, write: Duratio
     histogram!("ps_group_commit_bytes").record(bytes as f64);
     histogram!("ps_apply_seconds").record(apply.as_secs_f64());
     histogram!("ps_store_write_seconds").record(write.as_secs_f64());
+}
+
+pub fn dense_snapshot(bytes: usize, took: Duration) {
+    counter!("ps_dense_snapshot_bytes_total").increment(bytes as u64);
+    histogram!("ps_dense_snapshot_seconds").record(took.as_secs_f64());
 }

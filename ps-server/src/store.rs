@@ -10,6 +10,8 @@ use rocksdb::{
     ColumnFamilyDescriptor, DB, DBCompressionType, MemtableFactory, Options, WriteOptions,
 };
 
+use crate::dense_log::DenseLogOptions;
+
 /// The column families: parameters, optimizer state, and metadata (table specs, applied push
 /// ids, the shard's identity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -78,6 +80,10 @@ pub trait Store: Send + Sync + 'static {
     /// (every dense chunk this shard holds), so that it can size its write buffers to hold a
     /// few versions of them.
     fn working_set_hint(&self, _bytes: u64) {}
+    /// The dense-gradient log that goes with this store, if it keeps one.
+    fn dense_log(&self) -> Option<DenseLogOptions> {
+        None
+    }
 }
 
 /// RocksDB tunables, settable in the TOML config file.
@@ -94,6 +100,10 @@ pub struct RocksOptions {
     /// page-cache pages (0.4-0.8 GB/s on the machines measured), overwriting a recycled file
     /// does not (3-7 GB/s). 0 turns recycling off.
     pub recycle_wal_files: usize,
+    /// Size of the dense-gradient log beside the database (`<db>.dense-log`), in MiB: dense
+    /// pushes are logged there and the dense cells snapshotted into RocksDB each time the log
+    /// fills. 0 writes every dense update into RocksDB instead.
+    pub dense_log_mib: u64,
 }
 
 impl Default for RocksOptions {
@@ -105,6 +115,7 @@ impl Default for RocksOptions {
             max_total_wal_mib: 1024,
             background_jobs: 2,
             recycle_wal_files: 4,
+            dense_log_mib: 512,
         }
     }
 }
@@ -116,6 +127,7 @@ pub struct RocksStore {
     sync: bool,
     /// The configured write-buffer size: the floor of the adaptive one.
     base_write_buffer: u64,
+    dense_log_bytes: u64,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -159,6 +171,7 @@ impl RocksStore {
             path: path.to_owned(),
             sync: opts.sync,
             base_write_buffer: (opts.write_buffer_mib as u64) << 20,
+            dense_log_bytes: opts.dense_log_mib << 20,
         })
     }
 
@@ -266,6 +279,14 @@ impl Store for RocksStore {
 
     fn durable(&self) -> bool {
         true
+    }
+
+    fn dense_log(&self) -> Option<DenseLogOptions> {
+        (self.dense_log_bytes > 0).then(|| DenseLogOptions {
+            path: crate::dense_log::path_for(&self.path),
+            capacity: self.dense_log_bytes,
+            sync: self.sync,
+        })
     }
 
     fn working_set_hint(&self, bytes: u64) {

@@ -63,6 +63,24 @@ fn client_config(addr: &str) -> ClientConfig {
     cfg
 }
 
+/// A raw gRPC client, for pushes with a push id of the test's choosing.
+async fn raw_client(
+    addr: &str,
+) -> ps_proto::v1::parameter_server_client::ParameterServerClient<tonic::transport::Channel> {
+    ps_proto::v1::parameter_server_client::ParameterServerClient::connect(addr.to_owned())
+        .await
+        .unwrap()
+}
+
+/// The push id of a client's only push: nothing below `seq` is outstanding.
+fn only_push(client_id: u64, seq: u64) -> Option<ps_proto::v1::PushId> {
+    Some(ps_proto::v1::PushId {
+        client_id,
+        seq,
+        min_unacked_seq: seq,
+    })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -246,7 +264,6 @@ async fn a_data_dir_refuses_the_wrong_shard_identity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
     use ps_proto::v1 as pb;
-    use ps_proto::v1::parameter_server_client::ParameterServerClient;
     let dir = tempfile::tempdir().unwrap();
     let mut server = spawn(dir.path(), "127.0.0.1:0", &[]);
     let ps = PsClient::connect(client_config(&server.addr))
@@ -262,18 +279,12 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
     .unwrap();
     let push = pb::PushSparseRequest {
         table: "t".into(),
-        push_id: Some(pb::PushId {
-            client_id: 99,
-            seq: 1234,
-            min_unacked_seq: 1234,
-        }),
+        push_id: only_push(99, 1234),
         map_epoch: 0,
         ids: vec![1, 1, 2],
         values: Some(ps_core::Payload::from_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).into()),
     };
-    let mut raw = ParameterServerClient::connect(server.addr.clone())
-        .await
-        .unwrap();
+    let mut raw = raw_client(&server.addr).await;
     assert!(
         !raw.push_sparse(push.clone())
             .await
@@ -286,9 +297,7 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
 
     let port = server.addr.rsplit(':').next().unwrap().to_owned();
     let mut server = spawn(dir.path(), &format!("127.0.0.1:{port}"), &[]);
-    let mut raw = ParameterServerClient::connect(server.addr.clone())
-        .await
-        .unwrap();
+    let mut raw = raw_client(&server.addr).await;
     let again = raw.push_sparse(push).await.unwrap().into_inner();
     assert!(
         again.duplicate,
@@ -301,6 +310,106 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
     assert_eq!(
         ps.pull_sparse("t", &[1, 2]).await.unwrap(),
         [-4.0, -6.0, -5.0, -6.0]
+    );
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+}
+
+/// A 1 MiB dense log holds four pushes of the 60 000-float table: a burst of pushes wraps it
+/// several times, each wrap snapshotting the cells into RocksDB, and kill -9 then leaves a mix
+/// of snapshot and log records that the restart must replay exactly once, through Adam's
+/// state too. A dense push retried after the restart is recognised from the log alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_replays_a_wrapped_dense_log_exactly_once() {
+    use ps_proto::v1 as pb;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ps.toml");
+    std::fs::write(&config, "[rocksdb]\ndense_log_mib = 1\n").unwrap();
+    let data = dir.path().join("data");
+    let args = ["--config", config.to_str().unwrap()];
+    let mut server = spawn(&data, "127.0.0.1:0", &args);
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    let n = 60_000;
+    for (name, opt) in [
+        ("count", Optimizer::sgd(1.0)),
+        ("adam", Optimizer::adam(0.01)),
+        ("raw", Optimizer::sgd(1.0)),
+    ] {
+        let len = if name == "raw" { 1000 } else { n as u64 };
+        ps.create_table(
+            TableSpec::dense(name, &[len])
+                .unwrap()
+                .with_optimizer(opt)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let pushes = 23;
+    for k in 0..pushes {
+        ps.push_dense("count", &vec![-1.0; n]).await.unwrap();
+        let g: Vec<f32> = (0..n).map(|i| ((i * 7 + k) % 13) as f32 - 6.0).collect();
+        ps.push_dense("adam", &g).await.unwrap();
+    }
+    let push = pb::PushDenseRequest {
+        table: "raw".into(),
+        push_id: only_push(77, 5),
+        map_epoch: 0,
+        slices: vec![pb::DenseSlice {
+            chunk: 0,
+            values: Some(ps_core::Payload::from_f32(&[-2.0; 1000]).into()),
+        }],
+    };
+    let mut raw = raw_client(&server.addr).await;
+    assert!(
+        !raw.push_dense(push.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .duplicate
+    );
+    let adam_acked = ps.pull_dense("adam").await.unwrap();
+    // 46 pushes of 240 KB went through a log of 1 MiB: it wrapped.
+    let log = std::fs::metadata(data.join("db.dense-log")).unwrap();
+    assert_eq!(log.len(), 1 << 20);
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+
+    let port = server.addr.rsplit(':').next().unwrap().to_owned();
+    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args);
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    assert_eq!(
+        ps.pull_dense("count").await.unwrap(),
+        vec![pushes as f32; n]
+    );
+    let adam = ps.pull_dense("adam").await.unwrap();
+    assert!(
+        adam.iter()
+            .zip(&adam_acked)
+            .all(|(a, b)| a.to_bits() == b.to_bits()),
+        "Adam's parameters after replay differ from the acknowledged ones"
+    );
+    let mut raw = raw_client(&server.addr).await;
+    assert!(
+        raw.push_dense(push).await.unwrap().into_inner().duplicate,
+        "the restarted shard must recognise the retried dense push"
+    );
+    assert_eq!(ps.pull_dense("raw").await.unwrap(), vec![2.0; 1000]);
+    // One more acknowledged push after the replay, then kill -9 again.
+    ps.push_dense("count", &vec![-1.0; n]).await.unwrap();
+    server.child.kill().unwrap();
+    server.child.wait().unwrap();
+    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args);
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    assert_eq!(
+        ps.pull_dense("count").await.unwrap(),
+        vec![(pushes + 1) as f32; n]
     );
     server.child.kill().unwrap();
     server.child.wait().unwrap();

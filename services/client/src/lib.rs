@@ -1075,11 +1075,13 @@ fn wire_metric(direction: &'static str, table: &str, codec: &str, e: &Encoded) {
 }
 
 /// Whether a call may succeed if sent again: the shard said `unavailable`, or the connection
-/// failed under the call (tonic reports that as `unknown` with a transport error as its source).
-/// Retrying a push is safe either way: it carries the same (client id, seq).
+/// failed under the call (tonic reports that as `unknown` with a transport error as its source,
+/// or as `cancelled` when the shard's process died while the request was in flight: this
+/// client still awaits the call, so nobody on its side cancelled it). Retrying a push is safe
+/// either way: it carries the same (client id, seq).
 fn is_transient(s: &tonic::Status) -> bool {
     match s.code() {
-        tonic::Code::Unavailable => true,
+        tonic::Code::Unavailable | tonic::Code::Cancelled => true,
         tonic::Code::Unknown => {
             let mut source = std::error::Error::source(s);
             while let Some(e) = source {

@@ -1,0 +1,439 @@
+//! The dense-gradient log: where a durable shard writes the gradients of dense pushes, instead
+//! of writing every updated chunk into RocksDB.
+//!
+//! A dense push rewrites whole chunks, so through RocksDB each pushed byte was copied into the
+//! write batch, the WAL and the memtable, then flushed to a fresh SST file and compacted. The
+//! log is one preallocated file used as a ring: each group commit appends one record (the
+//! gradients it applied, with the push ids), written in place over pages the kernel already
+//! holds. Every so often the engine snapshots the dense cells into RocksDB, with the log
+//! position the snapshot covers (`S`) in the same batch; the log never overwrites a record at
+//! or after `S`, so at open the cells from RocksDB plus the records from `S` on, replayed
+//! through the same optimizer in the same order, give back exactly the state that was
+//! acknowledged.
+//!
+//! A record: magic, CRC-32 of everything after it, its logical position, its length, and its
+//! entries (one per push: table id, push id, then each chunk's index, length and f32
+//! gradient). A record that does not fit before the end of the file goes to the start of the
+//! next lap. Replay stops at the first record whose magic, position or CRC is wrong: a torn
+//! tail, or a previous lap's data.
+
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use ps_core::PushId;
+
+use crate::store::StoreError;
+
+const MAGIC: u32 = 0x4C44_5350; // "PSDL"
+/// magic u32, crc u32, position u64, length u32, entries u32.
+const HEADER: usize = 24;
+/// table id u32, chunks u32, client u64, seq u64, floor u64.
+const ENTRY: usize = 32;
+/// chunk index u64, values u32.
+const CHUNK: usize = 12;
+
+/// Where the log lives and how big it is.
+#[derive(Debug, Clone)]
+pub struct DenseLogOptions {
+    pub path: PathBuf,
+    pub capacity: u64,
+    /// fdatasync after every record (the store's `sync` option).
+    pub sync: bool,
+}
+
+/// The log, owned by the engine's writer.
+#[derive(Debug)]
+pub struct DenseLog {
+    file: File,
+    path: PathBuf,
+    capacity: u64,
+    sync: bool,
+    /// Where the next record goes (logical: the file offset is this modulo the capacity).
+    head: u64,
+    /// The position the last snapshot covers: records from here on are live.
+    snapshot: u64,
+    /// The record being built, kept between groups so its pages stay allocated.
+    buf: Vec<u8>,
+    entry_at: Option<usize>,
+}
+
+/// One push of a replayed record.
+#[derive(Debug)]
+pub struct LoggedPush<'a> {
+    pub table_id: u32,
+    pub push_id: PushId,
+    /// (chunk index, gradient as little-endian f32 bytes).
+    pub chunks: Vec<(u64, &'a [u8])>,
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default())
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
+}
+
+impl DenseLog {
+    /// Opens (or creates) the log file; nothing is read until [`DenseLog::replay`].
+    pub fn open(opts: &DenseLogOptions) -> Result<Self, StoreError> {
+        let file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&opts.path)?;
+        if file.metadata()?.len() < opts.capacity {
+            reserve(&file, opts.capacity).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "reserving {} MiB for the dense log {} ({e}); free disk space or lower \
+                         dense_log_mib",
+                        opts.capacity >> 20,
+                        opts.path.display()
+                    ),
+                )
+            })?;
+        }
+        Ok(Self {
+            file,
+            path: opts.path.clone(),
+            capacity: opts.capacity,
+            sync: opts.sync,
+            head: 0,
+            snapshot: 0,
+            buf: Vec::new(),
+            entry_at: None,
+        })
+    }
+
+    /// Empties the log (for a new database, which must not read a stranger's records).
+    pub fn reset(&mut self) -> Result<(), StoreError> {
+        self.file.set_len(0)?;
+        reserve(&self.file, self.capacity)?;
+        self.head = 0;
+        self.snapshot = 0;
+        Ok(())
+    }
+
+    /// The largest record the log takes; a group with more dense bytes goes to RocksDB whole.
+    pub fn max_record(&self) -> u64 {
+        self.capacity / 2
+    }
+
+    /// Bytes of a record holding `pushes` pushes with `chunks` chunks and `bytes` of gradients.
+    pub fn record_len(pushes: usize, chunks: usize, bytes: usize) -> u64 {
+        (HEADER + pushes * ENTRY + chunks * CHUNK + bytes) as u64
+    }
+
+    /// Where a record of `len` bytes would start: `head`, or the next lap when it does not fit.
+    fn place(&self, len: u64) -> u64 {
+        let off = self.head % self.capacity;
+        if off + len <= self.capacity {
+            self.head
+        } else {
+            self.head - off + self.capacity
+        }
+    }
+
+    /// Whether a record of `len` bytes can be written without overwriting a live one; when it
+    /// cannot, the caller snapshots the cells first ([`DenseLog::snapshot_taken`]).
+    pub fn fits(&self, len: u64) -> bool {
+        self.place(len) + len - self.snapshot <= self.capacity
+    }
+
+    /// The position a snapshot taken now covers.
+    pub fn head(&self) -> u64 {
+        self.head
+    }
+
+    /// Records that a snapshot covering everything before `head` is durable.
+    pub fn snapshot_taken(&mut self, head: u64) {
+        self.snapshot = head;
+    }
+
+    /// Starts a record.
+    pub fn begin(&mut self) {
+        self.buf.clear();
+        self.buf.resize(HEADER, 0);
+        self.entry_at = None;
+    }
+
+    /// Starts a push's entry in the current record.
+    pub fn push(&mut self, table_id: u32, id: &PushId) {
+        self.entry_at = Some(self.buf.len());
+        self.buf.extend_from_slice(&table_id.to_le_bytes());
+        self.buf.extend_from_slice(&0u32.to_le_bytes());
+        self.buf.extend_from_slice(&id.client_id.to_le_bytes());
+        self.buf.extend_from_slice(&id.seq.to_le_bytes());
+        self.buf
+            .extend_from_slice(&id.min_unacked_seq.to_le_bytes());
+    }
+
+    /// Adds one chunk's gradient to the current push's entry.
+    pub fn chunk(&mut self, index: u64, grad: &[f32]) {
+        let Some(at) = self.entry_at else {
+            return;
+        };
+        let count = u32_at(&self.buf, at + 4) + 1;
+        self.buf[at + 4..at + 8].copy_from_slice(&count.to_le_bytes());
+        self.buf.extend_from_slice(&index.to_le_bytes());
+        self.buf
+            .extend_from_slice(&u32::try_from(grad.len()).unwrap_or(u32::MAX).to_le_bytes());
+        self.buf.extend_from_slice(bytemuck::cast_slice(grad));
+    }
+
+    /// Bytes of the record being built.
+    pub fn pending(&self) -> u64 {
+        self.buf.len() as u64
+    }
+
+    /// Writes the current record (the caller checked [`DenseLog::fits`]); returns its length.
+    pub fn commit(&mut self) -> Result<u64, StoreError> {
+        let entries = self.count_entries();
+        let len = self.buf.len() as u64;
+        let pos = self.place(len);
+        self.buf[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        self.buf[8..16].copy_from_slice(&pos.to_le_bytes());
+        self.buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
+        self.buf[20..24].copy_from_slice(&entries.to_le_bytes());
+        let crc = crc32fast::hash(&self.buf[8..]);
+        self.buf[4..8].copy_from_slice(&crc.to_le_bytes());
+        self.file.write_all_at(&self.buf, pos % self.capacity)?;
+        if self.sync {
+            self.file.sync_data()?;
+        }
+        self.head = pos + len;
+        Ok(len)
+    }
+
+    fn count_entries(&self) -> u32 {
+        let mut at = HEADER;
+        let mut n = 0;
+        while at + ENTRY <= self.buf.len() {
+            let chunks = u32_at(&self.buf, at + 4) as usize;
+            at += ENTRY;
+            for _ in 0..chunks {
+                let values = u32_at(&self.buf, at + 8) as usize;
+                at += CHUNK + values * 4;
+            }
+            n += 1;
+        }
+        n
+    }
+
+    /// Reads the live records from `from` (the stored snapshot position) on, in order, and
+    /// leaves the head after the last good one. A record that fails its checks ends the log.
+    pub fn replay(
+        &mut self,
+        from: u64,
+        visit: &mut dyn FnMut(&[LoggedPush<'_>]) -> Result<(), StoreError>,
+    ) -> Result<u64, StoreError> {
+        self.snapshot = from;
+        self.head = from;
+        let mut records = 0;
+        let mut header = [0u8; HEADER];
+        let mut body = Vec::new();
+        loop {
+            let mut pos = self.head;
+            let mut found = self.read_header(pos, &mut header)?;
+            if found.is_none() && !pos.is_multiple_of(self.capacity) {
+                // A record that did not fit before the end of the file starts the next lap.
+                pos = pos - pos % self.capacity + self.capacity;
+                found = self.read_header(pos, &mut header)?;
+            }
+            let Some(len) = found else {
+                break;
+            };
+            if pos + len - from > self.capacity {
+                break; // would reach past the live window: older data
+            }
+            body.resize(len as usize, 0);
+            self.file.read_exact_at(&mut body, pos % self.capacity)?;
+            if crc32fast::hash(&body[8..]) != u32_at(&body, 4) {
+                break; // a torn record: the process died while writing it
+            }
+            let Some(pushes) = parse(&body) else {
+                return Err(StoreError::Corrupt(format!(
+                    "dense log {} at position {pos}: a record with a good checksum does not parse",
+                    self.path.display()
+                )));
+            };
+            visit(&pushes)?;
+            records += 1;
+            self.head = pos + len;
+        }
+        Ok(records)
+    }
+
+    /// The length of the record at `pos`, if a plausible header for that position is there.
+    fn read_header(&self, pos: u64, header: &mut [u8; HEADER]) -> Result<Option<u64>, StoreError> {
+        let off = pos % self.capacity;
+        if off + HEADER as u64 > self.capacity {
+            return Ok(None);
+        }
+        self.file.read_exact_at(header, off)?;
+        let len = u32_at(header, 16) as u64;
+        let ok = u32_at(header, 0) == MAGIC
+            && u64_at(header, 8) == pos
+            && len >= HEADER as u64
+            && off + len <= self.capacity;
+        Ok(ok.then_some(len))
+    }
+}
+
+/// Allocates the file's blocks up front, so that a full disk shows when the shard starts and
+/// not in the middle of a push.
+fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+    use nix::errno::Errno;
+    let len = i64::try_from(len).map_err(std::io::Error::other)?;
+    match nix::fcntl::posix_fallocate(file, 0, len) {
+        Ok(()) => Ok(()),
+        // A file system without fallocate: a sparse file, whose blocks are allocated as the
+        // first lap writes them.
+        Err(Errno::EOPNOTSUPP | Errno::EINVAL) => file.set_len(len as u64),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// The pushes of one record, or `None` when its entries overrun it.
+fn parse(body: &[u8]) -> Option<Vec<LoggedPush<'_>>> {
+    let entries = u32_at(body, 20) as usize;
+    let mut at = HEADER;
+    let mut out = Vec::with_capacity(entries);
+    for _ in 0..entries {
+        let e = body.get(at..at + ENTRY)?;
+        let chunks = u32_at(e, 4) as usize;
+        let push_id = PushId {
+            client_id: u64_at(e, 8),
+            seq: u64_at(e, 16),
+            min_unacked_seq: u64_at(e, 24),
+        };
+        at += ENTRY;
+        let mut list = Vec::with_capacity(chunks.min(1 << 16));
+        for _ in 0..chunks {
+            let c = body.get(at..at + CHUNK)?;
+            let values = u32_at(c, 8) as usize;
+            at += CHUNK;
+            let data = body.get(at..at.checked_add(values.checked_mul(4)?)?)?;
+            at += values * 4;
+            list.push((u64_at(c, 0), data));
+        }
+        out.push(LoggedPush {
+            table_id: u32_at(e, 0),
+            push_id,
+            chunks: list,
+        });
+    }
+    (at == body.len()).then_some(out)
+}
+
+/// The log's path beside a RocksDB directory: `<db>.dense-log`.
+pub fn path_for(db: &Path) -> PathBuf {
+    let mut name = db.file_name().unwrap_or_default().to_os_string();
+    name.push(".dense-log");
+    db.with_file_name(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(seq: u64) -> PushId {
+        PushId {
+            client_id: 7,
+            seq,
+            min_unacked_seq: 1,
+        }
+    }
+
+    fn open(dir: &Path, capacity: u64) -> DenseLog {
+        DenseLog::open(&DenseLogOptions {
+            path: dir.join("log"),
+            capacity,
+            sync: false,
+        })
+        .unwrap()
+    }
+
+    fn write(log: &mut DenseLog, seq: u64, values: usize) -> u64 {
+        log.begin();
+        log.push(3, &id(seq));
+        log.chunk(seq, &vec![seq as f32; values]);
+        let len = log.pending();
+        assert!(log.fits(len));
+        let at = log.place(len);
+        log.commit().unwrap();
+        at
+    }
+
+    fn seqs(log: &mut DenseLog, from: u64) -> Vec<u64> {
+        let mut out = Vec::new();
+        log.replay(from, &mut |pushes| {
+            for p in pushes {
+                assert_eq!(p.table_id, 3);
+                for (index, data) in &p.chunks {
+                    assert_eq!(*index, p.push_id.seq);
+                    let v: Vec<f32> = data
+                        .chunks_exact(4)
+                        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                        .collect();
+                    assert!(v.iter().all(|&x| x == p.push_id.seq as f32));
+                }
+                out.push(p.push_id.seq);
+            }
+            Ok(())
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn records_replay_in_order_across_laps_and_stop_at_a_torn_tail() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(dir.path(), 4096);
+        // 24 + 32 + 12 + 400 = 468 bytes a record: 8 fit in a lap, the 9th starts the next.
+        for seq in 1..=8 {
+            write(&mut log, seq, 100);
+        }
+        assert_eq!(
+            seqs(&mut open(dir.path(), 4096), 0),
+            (1..=8).collect::<Vec<_>>()
+        );
+        log.snapshot_taken(log.head());
+        let snap = log.head();
+        assert!(
+            !log.fits(4096 - 100),
+            "a record over the free space needs a snapshot"
+        );
+        let ninth = write(&mut log, 9, 100);
+        assert_eq!(
+            ninth, 4096,
+            "the record that does not fit starts the next lap"
+        );
+        write(&mut log, 10, 100);
+        let mut reopened = open(dir.path(), 4096);
+        assert_eq!(seqs(&mut reopened, snap), vec![9, 10]);
+        assert_eq!(reopened.head(), log.head());
+        // The previous lap's records are not read as new ones.
+        assert_eq!(
+            seqs(&mut open(dir.path(), 4096), log.head()),
+            Vec::<u64>::new()
+        );
+
+        // A torn record (its last bytes never written) ends the log.
+        let end = write(&mut log, 11, 100) % 4096 + 468;
+        log.file.write_all_at(&[0xAB; 4], end - 4).unwrap();
+        assert_eq!(seqs(&mut open(dir.path(), 4096), snap), vec![9, 10]);
+    }
+
+    #[test]
+    fn the_log_sits_beside_its_database() {
+        assert_eq!(
+            path_for(Path::new("/d/gen-5/db")),
+            PathBuf::from("/d/gen-5/db.dense-log")
+        );
+    }
+}
