@@ -13,6 +13,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     tonic_prost_build::configure()
         .bytes(".ps.v1.Payload.data")
+        .codec_path("crate::codec::PsCodec")
         .type_attribute(".", "#[allow(clippy::all, clippy::pedantic)]")
         .compile_fds(fds)?;
 

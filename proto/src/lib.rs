@@ -4,6 +4,8 @@
 //! Generated types stop at the service edge: handlers convert them into `ps_core` domain types
 //! (with validation) and nothing past the handlers sees them.
 
+pub mod codec;
+
 /// Messages and the `ParameterServer` and `Scheduler` clients and servers of package `ps.v1`.
 pub mod v1 {
     #![allow(missing_docs, clippy::all, clippy::pedantic)]

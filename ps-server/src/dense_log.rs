@@ -154,9 +154,11 @@ impl DenseLog {
         self.snapshot = head;
     }
 
-    /// Starts a record.
-    pub fn begin(&mut self) {
+    /// Starts a record of about `len` bytes ([`DenseLog::record_len`]; the buffer grows if the
+    /// record turns out longer).
+    pub fn begin(&mut self, len: u64) {
         self.buf.clear();
+        self.buf.reserve(usize::try_from(len).unwrap_or(0));
         self.buf.resize(HEADER, 0);
         self.entry_at = None;
     }
@@ -172,17 +174,21 @@ impl DenseLog {
             .extend_from_slice(&id.min_unacked_seq.to_le_bytes());
     }
 
-    /// Adds one chunk's gradient to the current push's entry.
-    pub fn chunk(&mut self, index: u64, grad: &[f32]) {
+    /// Adds one chunk's gradient (little-endian f32 bytes) to the current push's entry and
+    /// returns where the record holds it: every field before it is a multiple of 4 bytes, so
+    /// the copy is 4-byte aligned and the caller can apply the gradient from it.
+    pub fn chunk(&mut self, index: u64, grad: &[u8]) -> &[u8] {
         let Some(at) = self.entry_at else {
-            return;
+            return &[];
         };
         let count = u32_at(&self.buf, at + 4) + 1;
         self.buf[at + 4..at + 8].copy_from_slice(&count.to_le_bytes());
         self.buf.extend_from_slice(&index.to_le_bytes());
-        self.buf
-            .extend_from_slice(&u32::try_from(grad.len()).unwrap_or(u32::MAX).to_le_bytes());
-        self.buf.extend_from_slice(bytemuck::cast_slice(grad));
+        let values = u32::try_from(grad.len() / 4).unwrap_or(u32::MAX);
+        self.buf.extend_from_slice(&values.to_le_bytes());
+        let start = self.buf.len();
+        self.buf.extend_from_slice(grad);
+        &self.buf[start..]
     }
 
     /// Bytes of the record being built.
@@ -359,9 +365,15 @@ mod tests {
     }
 
     fn write(log: &mut DenseLog, seq: u64, values: usize) -> u64 {
-        log.begin();
+        log.begin(DenseLog::record_len(1, 1, values * 4));
         log.push(3, &id(seq));
-        log.chunk(seq, &vec![seq as f32; values]);
+        let grad = vec![seq as f32; values];
+        let held = log.chunk(seq, bytemuck::cast_slice(&grad));
+        assert_eq!(held, bytemuck::cast_slice::<f32, u8>(&grad));
+        assert!(
+            bytemuck::try_cast_slice::<u8, f32>(held).is_ok(),
+            "held aligned"
+        );
         let len = log.pending();
         assert!(log.fits(len));
         let at = log.place(len);

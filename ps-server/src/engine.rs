@@ -898,6 +898,13 @@ fn apply_grad(table: &Table, cell: &mut Cell, grad: &[f32]) {
     optim::apply(&table.spec.optimizer, w, state, &mut cell.step, grad);
 }
 
+/// Applies a gradient given as little-endian f32 bytes, through `grad`.
+fn apply_le(table: &Table, cell: &mut Cell, bytes: &[u8], grad: &mut Vec<f32>) {
+    grad.resize(bytes.len() / 4, 0.0);
+    ps_core::payload::read_f32_le(bytes, grad);
+    apply_grad(table, cell, grad);
+}
+
 /// Puts one cell's parameters and optimizer state into `batch`.
 fn put_cell(
     table: &Table,
@@ -1259,11 +1266,11 @@ impl<S: Store> Inner<S> {
         // The group's dense gradients go to the log, unless they are more than it takes.
         let mut log = match log_guard.as_mut() {
             Some(log) => match self.prepare_log(log, &pushes) {
-                Ok(true) => {
-                    log.begin();
+                Ok(Some(len)) => {
+                    log.begin(len);
                     Some(log)
                 }
-                Ok(false) => None,
+                Ok(None) => None,
                 Err(e) => {
                     let e = e.to_string();
                     for (_, reply) in pushes {
@@ -1349,15 +1356,15 @@ impl<S: Store> Inner<S> {
         why
     }
 
-    /// Decides where a group's dense gradients go: `true` for the log (after a snapshot when
-    /// the record would overwrite live ones), `false` for the store. A group larger than the
+    /// Decides where a group's dense gradients go: the log (with the record's length; after a
+    /// snapshot when the record would overwrite live ones), or the store (`None`). A group larger than the
     /// log takes goes to the store after a snapshot, so that the store's cells never lag the
     /// log's records behind a newer direct write.
     fn prepare_log(
         &self,
         log: &mut DenseLog,
         pushes: &[(Job, oneshot::Sender<Result<PushOutcome>>)],
-    ) -> Result<bool> {
+    ) -> Result<Option<u64>> {
         let (mut dense, mut chunks, mut bytes) = (0, 0, 0);
         for (job, _) in pushes {
             if let Job::Dense(table, push) = job {
@@ -1380,17 +1387,17 @@ impl<S: Store> Inner<S> {
             }
         }
         if dense == 0 {
-            return Ok(false);
+            return Ok(None);
         }
         let len = DenseLog::record_len(dense, chunks, bytes);
         if len > log.max_record() {
             self.snapshot(log)?;
-            return Ok(false);
+            return Ok(None);
         }
         if !log.fits(len) {
             self.snapshot(log)?;
         }
-        Ok(true)
+        Ok(Some(len))
     }
 
     fn apply(
@@ -1474,15 +1481,21 @@ impl<S: Store> Inner<S> {
                     out.skipped_non_finite += 1;
                     continue;
                 }
-                grad.resize(n, 0.0);
-                ps_core::payload::read_f32_le(part.data(), &mut grad);
                 let mut cell = cell.write();
                 match log.as_deref_mut() {
-                    Some(log) => {
-                        apply_grad(table, &mut cell, &grad);
-                        log.chunk(chunk - 1, &grad);
-                    }
+                    // The gradient is applied from the log's copy of it, which is aligned.
+                    Some(log) => match log.chunk(chunk - 1, part.data()) {
+                        held if cfg!(target_endian = "little") => {
+                            match bytemuck::try_cast_slice::<u8, f32>(held) {
+                                Ok(g) => apply_grad(table, &mut cell, g),
+                                Err(_) => apply_le(table, &mut cell, held, &mut grad),
+                            }
+                        }
+                        held => apply_le(table, &mut cell, held, &mut grad),
+                    },
                     None => {
+                        grad.resize(n, 0.0);
+                        ps_core::payload::read_f32_le(part.data(), &mut grad);
                         self.update_cell(table, chunk - 1, &mut cell, &grad, batch, &mut scratch)
                     }
                 }

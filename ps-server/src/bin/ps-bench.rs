@@ -47,6 +47,9 @@ struct Args {
     /// The client's largest request, in KiB (smaller requests pipeline better).
     #[arg(long, default_value_t = 1024)]
     request_kib: usize,
+    /// The shards' dense-log size in MiB (the server's `dense_log_mib`; its default if unset).
+    #[arg(long)]
+    dense_log_mib: Option<u64>,
 }
 
 fn memcpy_gbps() -> f64 {
@@ -123,7 +126,7 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(shards: u32, durable: bool, sync: bool) -> Self {
+    fn start(shards: u32, durable: bool, sync: bool, dense_log_mib: Option<u64>) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("shard")
@@ -139,6 +142,9 @@ impl Cluster {
             cfg.shard_index = i;
             cfg.num_shards = shards;
             cfg.rocksdb.sync = sync;
+            if let Some(mib) = dense_log_mib {
+                cfg.rocksdb.dense_log_mib = mib;
+            }
             let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).expect("bind");
             endpoints.push(format!("http://{}", listener.local_addr().expect("addr")));
             handles.push(rt.spawn(ps_server::run(cfg, listener, None, shutdown.clone())));
@@ -322,7 +328,7 @@ fn main() -> anyhow::Result<()> {
             if args.mode.as_deref().is_some_and(|m| m != mode) {
                 continue;
             }
-            let cluster = Cluster::start(shards, durable, sync);
+            let cluster = Cluster::start(shards, durable, sync, args.dense_log_mib);
             for &floats in &sizes {
                 let (gbps, rounds) = client_rt.block_on(dense_case(
                     &cluster.endpoints,
@@ -344,7 +350,7 @@ fn main() -> anyhow::Result<()> {
     }
     // The cost of fsync per group commit, on the largest size.
     if !args.only_sparse && args.mode.as_deref().is_none_or(|m| m == "durable+sync") {
-        let cluster = Cluster::start(1, true, true);
+        let cluster = Cluster::start(1, true, true, args.dense_log_mib);
         let floats = *sizes.iter().max().unwrap_or(&(1 << 20));
         let (gbps, rounds) = client_rt.block_on(dense_case(
             &cluster.endpoints,
@@ -368,7 +374,7 @@ fn main() -> anyhow::Result<()> {
             ("durable+sync", true, true),
             ("memory", false, false),
         ] {
-            let cluster = Cluster::start(1, durable, sync);
+            let cluster = Cluster::start(1, durable, sync, args.dense_log_mib);
             let (keys, unique, per_write) = client_rt.block_on(sparse_case(
                 &cluster.endpoints,
                 seconds.max(2.0),
