@@ -16,6 +16,13 @@
 //! gradient). A record that does not fit before the end of the file goes to the start of the
 //! next lap. Replay stops at the first record whose magic, position or CRC is wrong: a torn
 //! tail, or a previous lap's data.
+//!
+//! The log also takes *images*: one record holding every dense cell (parameters, optimizer
+//! state and step count), written when the log runs out of room and the image fits in it. The
+//! stored position then names the image, which frees the log behind it for a fraction of the
+//! cost of writing the cells through RocksDB (WAL, memtable, flush and compaction). Replay sets
+//! the cells from an image wherever it meets one. Checkpoints and a clean stop still write the
+//! cells into RocksDB, so that a checkpoint needs nothing but the store.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -26,12 +33,15 @@ use ps_core::PushId;
 use crate::store::StoreError;
 
 const MAGIC: u32 = 0x4C44_5350; // "PSDL"
+const MAGIC_IMAGE: u32 = 0x4944_5350; // "PSDI"
 /// magic u32, crc u32, position u64, length u32, entries u32.
 const HEADER: usize = 24;
 /// table id u32, chunks u32, client u64, seq u64, floor u64.
 const ENTRY: usize = 32;
 /// chunk index u64, values u32.
 const CHUNK: usize = 12;
+/// An image's cell: table id u32, values u32, chunk index u64, step u64.
+const CELL: usize = 24;
 
 /// Where the log lives and how big it is.
 #[derive(Debug, Clone)]
@@ -55,7 +65,10 @@ pub struct DenseLog {
     snapshot: u64,
     /// The record being built, kept between groups so its pages stay allocated.
     buf: Vec<u8>,
+    entries: u32,
     entry_at: Option<usize>,
+    /// Whether the record being built is an image.
+    image: bool,
 }
 
 /// One push of a replayed record.
@@ -65,6 +78,25 @@ pub struct LoggedPush<'a> {
     pub push_id: PushId,
     /// (chunk index, gradient as little-endian f32 bytes).
     pub chunks: Vec<(u64, &'a [u8])>,
+}
+
+/// One dense cell of a replayed image.
+#[derive(Debug)]
+pub struct CellImage<'a> {
+    pub table_id: u32,
+    pub index: u64,
+    pub step: u64,
+    /// Parameters then optimizer state, as little-endian f32 bytes.
+    pub data: &'a [u8],
+}
+
+/// A replayed record.
+#[derive(Debug)]
+pub enum Logged<'a> {
+    /// The gradients of a group commit, in push order.
+    Pushes(Vec<LoggedPush<'a>>),
+    /// Every dense cell as it was when the image was written.
+    Image(Vec<CellImage<'a>>),
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -105,7 +137,9 @@ impl DenseLog {
             head: 0,
             snapshot: 0,
             buf: Vec::new(),
+            entries: 0,
             entry_at: None,
+            image: false,
         })
     }
 
@@ -126,6 +160,17 @@ impl DenseLog {
     /// Bytes of a record holding `pushes` pushes with `chunks` chunks and `bytes` of gradients.
     pub fn record_len(pushes: usize, chunks: usize, bytes: usize) -> u64 {
         (HEADER + pushes * ENTRY + chunks * CHUNK + bytes) as u64
+    }
+
+    /// Bytes of an image of `cells` cells holding `floats` values in all.
+    pub fn image_len(cells: usize, floats: usize) -> u64 {
+        (HEADER + cells * CELL + floats * 4) as u64
+    }
+
+    /// The largest image the log takes: a quarter of it, so that records between two images
+    /// have room.
+    pub fn max_image(&self) -> u64 {
+        self.capacity / 4
     }
 
     /// Where a record of `len` bytes would start: `head`, or the next lap when it does not fit.
@@ -160,11 +205,31 @@ impl DenseLog {
         self.buf.clear();
         self.buf.reserve(usize::try_from(len).unwrap_or(0));
         self.buf.resize(HEADER, 0);
+        self.entries = 0;
         self.entry_at = None;
+        self.image = false;
+    }
+
+    /// Starts an image of about `len` bytes ([`DenseLog::image_len`]).
+    pub fn begin_image(&mut self, len: u64) {
+        self.begin(len);
+        self.image = true;
+    }
+
+    /// Adds one dense cell to the current image.
+    pub fn image_cell(&mut self, table_id: u32, index: u64, step: u64, data: &[f32]) {
+        self.entries += 1;
+        self.buf.extend_from_slice(&table_id.to_le_bytes());
+        let values = u32::try_from(data.len()).unwrap_or(u32::MAX);
+        self.buf.extend_from_slice(&values.to_le_bytes());
+        self.buf.extend_from_slice(&index.to_le_bytes());
+        self.buf.extend_from_slice(&step.to_le_bytes());
+        self.buf.extend_from_slice(bytemuck::cast_slice(data));
     }
 
     /// Starts a push's entry in the current record.
     pub fn push(&mut self, table_id: u32, id: &PushId) {
+        self.entries += 1;
         self.entry_at = Some(self.buf.len());
         self.buf.extend_from_slice(&table_id.to_le_bytes());
         self.buf.extend_from_slice(&0u32.to_le_bytes());
@@ -196,12 +261,14 @@ impl DenseLog {
         self.buf.len() as u64
     }
 
-    /// Writes the current record (the caller checked [`DenseLog::fits`]); returns its length.
+    /// Writes the current record (the caller checked [`DenseLog::fits`]); returns its length
+    /// (it starts at [`DenseLog::head`] less that length).
     pub fn commit(&mut self) -> Result<u64, StoreError> {
-        let entries = self.count_entries();
+        let entries = self.entries;
         let len = self.buf.len() as u64;
         let pos = self.place(len);
-        self.buf[0..4].copy_from_slice(&MAGIC.to_le_bytes());
+        let magic = if self.image { MAGIC_IMAGE } else { MAGIC };
+        self.buf[0..4].copy_from_slice(&magic.to_le_bytes());
         self.buf[8..16].copy_from_slice(&pos.to_le_bytes());
         self.buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
         self.buf[20..24].copy_from_slice(&entries.to_le_bytes());
@@ -215,27 +282,12 @@ impl DenseLog {
         Ok(len)
     }
 
-    fn count_entries(&self) -> u32 {
-        let mut at = HEADER;
-        let mut n = 0;
-        while at + ENTRY <= self.buf.len() {
-            let chunks = u32_at(&self.buf, at + 4) as usize;
-            at += ENTRY;
-            for _ in 0..chunks {
-                let values = u32_at(&self.buf, at + 8) as usize;
-                at += CHUNK + values * 4;
-            }
-            n += 1;
-        }
-        n
-    }
-
     /// Reads the live records from `from` (the stored snapshot position) on, in order, and
     /// leaves the head after the last good one. A record that fails its checks ends the log.
     pub fn replay(
         &mut self,
         from: u64,
-        visit: &mut dyn FnMut(&[LoggedPush<'_>]) -> Result<(), StoreError>,
+        visit: &mut dyn FnMut(Logged<'_>) -> Result<(), StoreError>,
     ) -> Result<u64, StoreError> {
         self.snapshot = from;
         self.head = from;
@@ -250,7 +302,7 @@ impl DenseLog {
                 pos = pos - pos % self.capacity + self.capacity;
                 found = self.read_header(pos, &mut header)?;
             }
-            let Some(len) = found else {
+            let Some((len, image)) = found else {
                 break;
             };
             if pos + len - from > self.capacity {
@@ -261,32 +313,43 @@ impl DenseLog {
             if crc32fast::hash(&body[8..]) != u32_at(&body, 4) {
                 break; // a torn record: the process died while writing it
             }
-            let Some(pushes) = parse(&body) else {
+            let logged = if image {
+                parse_image(&body).map(Logged::Image)
+            } else {
+                parse(&body).map(Logged::Pushes)
+            };
+            let Some(logged) = logged else {
                 return Err(StoreError::Corrupt(format!(
                     "dense log {} at position {pos}: a record with a good checksum does not parse",
                     self.path.display()
                 )));
             };
-            visit(&pushes)?;
+            visit(logged)?;
             records += 1;
             self.head = pos + len;
         }
         Ok(records)
     }
 
-    /// The length of the record at `pos`, if a plausible header for that position is there.
-    fn read_header(&self, pos: u64, header: &mut [u8; HEADER]) -> Result<Option<u64>, StoreError> {
+    /// The length of the record at `pos` and whether it is an image, if a plausible header for
+    /// that position is there.
+    fn read_header(
+        &self,
+        pos: u64,
+        header: &mut [u8; HEADER],
+    ) -> Result<Option<(u64, bool)>, StoreError> {
         let off = pos % self.capacity;
         if off + HEADER as u64 > self.capacity {
             return Ok(None);
         }
         self.file.read_exact_at(header, off)?;
         let len = u32_at(header, 16) as u64;
-        let ok = u32_at(header, 0) == MAGIC
+        let magic = u32_at(header, 0);
+        let ok = (magic == MAGIC || magic == MAGIC_IMAGE)
             && u64_at(header, 8) == pos
             && len >= HEADER as u64
             && off + len <= self.capacity;
-        Ok(ok.then_some(len))
+        Ok(ok.then_some((len, magic == MAGIC_IMAGE)))
     }
 }
 
@@ -331,6 +394,27 @@ fn parse(body: &[u8]) -> Option<Vec<LoggedPush<'_>>> {
             table_id: u32_at(e, 0),
             push_id,
             chunks: list,
+        });
+    }
+    (at == body.len()).then_some(out)
+}
+
+/// The cells of an image, or `None` when its entries overrun it.
+fn parse_image(body: &[u8]) -> Option<Vec<CellImage<'_>>> {
+    let entries = u32_at(body, 20) as usize;
+    let mut at = HEADER;
+    let mut out = Vec::with_capacity(entries.min(1 << 16));
+    for _ in 0..entries {
+        let c = body.get(at..at + CELL)?;
+        let values = u32_at(c, 4) as usize;
+        at += CELL;
+        let data = body.get(at..at.checked_add(values.checked_mul(4)?)?)?;
+        at += values * 4;
+        out.push(CellImage {
+            table_id: u32_at(c, 0),
+            index: u64_at(c, 8),
+            step: u64_at(c, 16),
+            data,
         });
     }
     (at == body.len()).then_some(out)
@@ -383,7 +467,11 @@ mod tests {
 
     fn seqs(log: &mut DenseLog, from: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        log.replay(from, &mut |pushes| {
+        log.replay(from, &mut |logged| {
+            let Logged::Pushes(pushes) = logged else {
+                out.push(0);
+                return Ok(());
+            };
             for p in pushes {
                 assert_eq!(p.table_id, 3);
                 for (index, data) in &p.chunks {
@@ -439,6 +527,51 @@ mod tests {
         let end = write(&mut log, 11, 100) % 4096 + 468;
         log.file.write_all_at(&[0xAB; 4], end - 4).unwrap();
         assert_eq!(seqs(&mut open(dir.path(), 4096), snap), vec![9, 10]);
+    }
+
+    #[test]
+    fn an_image_replays_as_its_cells_between_the_records_around_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(dir.path(), 1 << 16);
+        write(&mut log, 1, 10);
+        log.begin_image(DenseLog::image_len(2, 7));
+        log.image_cell(3, 0, 4, &[1.0, 2.0, 3.0]);
+        log.image_cell(5, 9, 0, &[-1.0; 4]);
+        let len = log.commit().unwrap();
+        assert_eq!(len, DenseLog::image_len(2, 7));
+        let image_at = log.head() - len;
+        write(&mut log, 2, 10);
+
+        let mut cells = Vec::new();
+        let mut reopened = open(dir.path(), 1 << 16);
+        reopened
+            .replay(image_at, &mut |logged| {
+                match logged {
+                    Logged::Image(image) => {
+                        for c in image {
+                            let v: Vec<f32> = c
+                                .data
+                                .chunks_exact(4)
+                                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                                .collect();
+                            cells.push((c.table_id, c.index, c.step, v));
+                        }
+                    }
+                    Logged::Pushes(p) => cells.push((0, p[0].push_id.seq, 0, Vec::new())),
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            cells,
+            vec![
+                (3, 0, 4, vec![1.0, 2.0, 3.0]),
+                (5, 9, 0, vec![-1.0; 4]),
+                (0, 2, 0, Vec::new()),
+            ]
+        );
+        // From the start, the image sits between the records: 0 stands for it.
+        assert_eq!(seqs(&mut open(dir.path(), 1 << 16), 0), vec![1, 0, 2]);
     }
 
     #[test]

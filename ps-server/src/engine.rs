@@ -27,7 +27,7 @@ use ps_core::{
 };
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-use crate::dense_log::DenseLog;
+use crate::dense_log::{DenseLog, Logged};
 use crate::metrics as m;
 use crate::optim;
 use crate::registration::MapEpoch;
@@ -1050,7 +1050,34 @@ impl<S: Store> Inner<S> {
         let mut dedup = self.dedup.lock();
         let mut batch = self.store.batch();
         let mut grad = Vec::new();
-        let records = log.replay(from, &mut |pushes| {
+        let records = log.replay(from, &mut |logged| {
+            let pushes = match logged {
+                Logged::Pushes(pushes) => pushes,
+                Logged::Image(cells) => {
+                    for c in cells {
+                        // Cells of a table dropped since are skipped.
+                        let Some(table) = by_id.get(&c.table_id) else {
+                            continue;
+                        };
+                        let cell = match &table.data {
+                            TableData::Dense(chunks) => chunks.get(&c.index),
+                            TableData::Sparse(_) => None,
+                        };
+                        let mut cell = cell
+                            .ok_or_else(|| {
+                                StoreError::Corrupt(format!(
+                                    "the dense log's image names chunk {} of `{}`, which this \
+                                     shard does not hold",
+                                    c.index, table.spec.name
+                                ))
+                            })?
+                            .write();
+                        read_f32s(c.data, &mut cell.data)?;
+                        cell.step = c.step;
+                    }
+                    return Ok(());
+                }
+            };
             for p in pushes {
                 // Records of a table dropped since are skipped; its cells are gone.
                 if let Some(table) = by_id.get(&p.table_id) {
@@ -1110,6 +1137,51 @@ impl<S: Store> Inner<S> {
         self.write(batch).map_err(EngineError::Unavailable)?;
         log.snapshot_taken(head);
         m::dense_snapshot(bytes, t0.elapsed());
+        Ok(())
+    }
+
+    /// Bytes of an image of every dense cell ([`DenseLog::image_len`]).
+    fn image_len(&self) -> u64 {
+        let (mut cells, mut floats) = (0, 0);
+        for table in self.tables.read().values() {
+            if let (TableKind::Dense(shape), TableData::Dense(chunks)) =
+                (&table.spec.kind, &table.data)
+            {
+                let per = 1 + table.spec.optimizer.state_slots();
+                for &index in chunks.keys() {
+                    cells += 1;
+                    floats += shape.chunk_len(index).unwrap_or(0) * per;
+                }
+            }
+        }
+        DenseLog::image_len(cells, floats)
+    }
+
+    /// Writes an image of every dense cell into the log and makes it the stored position
+    /// replay starts from, freeing the records before it.
+    fn write_image(&self, log: &mut DenseLog, len: u64) -> Result<()> {
+        if let Some(why) = self.failed.lock().clone() {
+            return Err(EngineError::Unavailable(why));
+        }
+        let t0 = Instant::now();
+        log.begin_image(len);
+        for table in self.tables.read().values() {
+            if let TableData::Dense(chunks) = &table.data {
+                for (&index, cell) in chunks {
+                    let cell = cell.read();
+                    log.image_cell(table.id, index, cell.step, &cell.data);
+                }
+            }
+        }
+        let written = log
+            .commit()
+            .map_err(|e| EngineError::Unavailable(self.fail(&e)))?;
+        let at = log.head() - written;
+        let mut batch = self.store.batch();
+        batch.put(Cf::Meta, META_LOG_POS, &at.to_le_bytes());
+        self.write(batch).map_err(EngineError::Unavailable)?;
+        log.snapshot_taken(at);
+        m::dense_image(written, t0.elapsed());
         Ok(())
     }
 
@@ -1394,8 +1466,17 @@ impl<S: Store> Inner<S> {
             self.snapshot(log)?;
             return Ok(None);
         }
-        if !log.fits(len) {
-            self.snapshot(log)?;
+        // Records leave room for the image that frees the log behind them; when there is no
+        // more, the image is written (or, when the cells are too many for one, a snapshot).
+        let image = self.image_len();
+        let room = if image <= log.max_image() { image } else { 0 };
+        if !log.fits(len + room) {
+            if room > 0 && log.fits(room) {
+                self.write_image(log, image)?;
+            }
+            if !log.fits(len) {
+                self.snapshot(log)?;
+            }
         }
         Ok(Some(len))
     }

@@ -49,6 +49,15 @@ pub fn describe() {
         "Bytes of dense cells written by snapshots of the dense log."
     );
     describe_histogram!(
+        "ps_dense_image_seconds",
+        "Time to write an image of every dense cell into the dense log, freeing the records \
+         before it."
+    );
+    describe_counter!(
+        "ps_dense_image_bytes_total",
+        "Bytes of dense-cell images written into the dense log."
+    );
+    describe_histogram!(
         "ps_store_write_seconds",
         "Time of one durable write (WAL, and fsync with --sync)."
     );
@@ -101,4 +110,9 @@ pub fn group_commit(pushes: usize, bytes: usize, apply: Duration, write: Duratio
 pub fn dense_snapshot(bytes: usize, took: Duration) {
     counter!("ps_dense_snapshot_bytes_total").increment(bytes as u64);
     histogram!("ps_dense_snapshot_seconds").record(took.as_secs_f64());
+}
+
+pub fn dense_image(bytes: u64, took: Duration) {
+    counter!("ps_dense_image_bytes_total").increment(bytes);
+    histogram!("ps_dense_image_seconds").record(took.as_secs_f64());
 }

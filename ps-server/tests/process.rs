@@ -316,15 +316,27 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
 }
 
 /// A 1 MiB dense log holds four pushes of the 60 000-float table: a burst of pushes wraps it
-/// several times, each wrap snapshotting the cells into RocksDB, and kill -9 then leaves a mix
-/// of snapshot and log records that the restart must replay exactly once, through Adam's
-/// state too. A dense push retried after the restart is recognised from the log alone.
+/// several times, each wrap snapshotting the cells into RocksDB (an image of the cells, about
+/// 1 MB, is more than the log takes), and kill -9 then leaves a mix of snapshot and log
+/// records that the restart must replay exactly once, through Adam's state too. A dense push
+/// retried after the restart is recognised from the log alone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_replays_a_wrapped_dense_log_exactly_once() {
+    replay_a_wrapped_dense_log_after_kill_9(1, false).await;
+}
+
+/// The same burst through an 8 MiB log, which takes images of the cells: the log wraps past
+/// an image, and the restart starts from the image instead of from the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_replays_a_dense_log_from_its_image_exactly_once() {
+    replay_a_wrapped_dense_log_after_kill_9(8, true).await;
+}
+
+async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
     use ps_proto::v1 as pb;
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("ps.toml");
-    std::fs::write(&config, "[rocksdb]\ndense_log_mib = 1\n").unwrap();
+    std::fs::write(&config, format!("[rocksdb]\ndense_log_mib = {log_mib}\n")).unwrap();
     let data = dir.path().join("data");
     let args = ["--config", config.to_str().unwrap()];
     let mut server = spawn(&data, "127.0.0.1:0", &args);
@@ -371,9 +383,15 @@ async fn kill_9_replays_a_wrapped_dense_log_exactly_once() {
             .duplicate
     );
     let adam_acked = ps.pull_dense("adam").await.unwrap();
-    // 46 pushes of 240 KB went through a log of 1 MiB: it wrapped.
-    let log = std::fs::metadata(data.join("db.dense-log")).unwrap();
-    assert_eq!(log.len(), 1 << 20);
+    // 46 pushes of 240 KB (11 MB) went through the log: it wrapped.
+    let log = std::fs::read(data.join("db.dense-log")).unwrap();
+    assert_eq!(log.len() as u64, log_mib << 20);
+    // An image record starts with its magic, "PSDI" (the pushed values never spell it).
+    assert_eq!(
+        log.windows(4).any(|w| w == b"PSDI"),
+        images,
+        "whether the log holds an image of the cells"
+    );
     server.child.kill().unwrap();
     server.child.wait().unwrap();
 
