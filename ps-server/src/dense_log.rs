@@ -384,11 +384,8 @@ fn parse(body: &[u8]) -> Option<Vec<LoggedPush<'_>>> {
         let mut list = Vec::with_capacity(chunks.min(1 << 16));
         for _ in 0..chunks {
             let c = body.get(at..at + CHUNK)?;
-            let values = u32_at(c, 8) as usize;
             at += CHUNK;
-            let data = body.get(at..at.checked_add(values.checked_mul(4)?)?)?;
-            at += values * 4;
-            list.push((u64_at(c, 0), data));
+            list.push((u64_at(c, 0), take_f32s(body, &mut at, u32_at(c, 8))?));
         }
         out.push(LoggedPush {
             table_id: u32_at(e, 0),
@@ -399,6 +396,14 @@ fn parse(body: &[u8]) -> Option<Vec<LoggedPush<'_>>> {
     (at == body.len()).then_some(out)
 }
 
+/// The bytes of `values` f32s at `*at`, moving `*at` past them; `None` past the end.
+fn take_f32s<'a>(body: &'a [u8], at: &mut usize, values: u32) -> Option<&'a [u8]> {
+    let end = at.checked_add((values as usize).checked_mul(4)?)?;
+    let data = body.get(*at..end)?;
+    *at = end;
+    Some(data)
+}
+
 /// The cells of an image, or `None` when its entries overrun it.
 fn parse_image(body: &[u8]) -> Option<Vec<CellImage<'_>>> {
     let entries = u32_at(body, 20) as usize;
@@ -406,15 +411,12 @@ fn parse_image(body: &[u8]) -> Option<Vec<CellImage<'_>>> {
     let mut out = Vec::with_capacity(entries.min(1 << 16));
     for _ in 0..entries {
         let c = body.get(at..at + CELL)?;
-        let values = u32_at(c, 4) as usize;
         at += CELL;
-        let data = body.get(at..at.checked_add(values.checked_mul(4)?)?)?;
-        at += values * 4;
         out.push(CellImage {
             table_id: u32_at(c, 0),
             index: u64_at(c, 8),
             step: u64_at(c, 16),
-            data,
+            data: take_f32s(body, &mut at, u32_at(c, 4))?,
         });
     }
     (at == body.len()).then_some(out)

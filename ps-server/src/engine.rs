@@ -374,6 +374,8 @@ struct Inner<S: Store> {
     replica_bytes: AtomicU64,
     /// The dense-gradient log (durable stores only); used by the writer alone.
     log: Mutex<Option<DenseLog>>,
+    /// Bytes of a dense-log image of every dense cell ([`DenseLog::image_len`]).
+    image_len: AtomicU64,
 }
 
 /// A client's copy of one chunk, as delta pulls have built it.
@@ -436,6 +438,7 @@ impl<S: Store> Engine<S> {
             replicas: DashMap::default(),
             replica_bytes: AtomicU64::new(0),
             log: Mutex::new(store.dense_log().map(|o| DenseLog::open(&o)).transpose()?),
+            image_len: AtomicU64::new(0),
             store,
             cfg,
         });
@@ -1013,7 +1016,7 @@ impl<S: Store> Inner<S> {
             replayed,
             "shard state loaded"
         );
-        self.hint_working_set();
+        self.dense_cells_changed();
         Ok(())
     }
 
@@ -1140,23 +1143,6 @@ impl<S: Store> Inner<S> {
         Ok(())
     }
 
-    /// Bytes of an image of every dense cell ([`DenseLog::image_len`]).
-    fn image_len(&self) -> u64 {
-        let (mut cells, mut floats) = (0, 0);
-        for table in self.tables.read().values() {
-            if let (TableKind::Dense(shape), TableData::Dense(chunks)) =
-                (&table.spec.kind, &table.data)
-            {
-                let per = 1 + table.spec.optimizer.state_slots();
-                for &index in chunks.keys() {
-                    cells += 1;
-                    floats += shape.chunk_len(index).unwrap_or(0) * per;
-                }
-            }
-        }
-        DenseLog::image_len(cells, floats)
-    }
-
     /// Writes an image of every dense cell into the log and makes it the stored position
     /// replay starts from, freeing the records before it.
     fn write_image(&self, log: &mut DenseLog, len: u64) -> Result<()> {
@@ -1185,23 +1171,19 @@ impl<S: Store> Inner<S> {
         Ok(())
     }
 
-    /// Bytes of dense cells (parameters and optimizer state) this shard holds.
-    fn hint_working_set(&self) {
-        let bytes: u64 = self
-            .tables
-            .read()
-            .values()
-            .filter_map(|t| match &t.data {
-                TableData::Dense(chunks) => Some(
-                    chunks
-                        .values()
-                        .map(|c| c.read().data.len() as u64 * 4)
-                        .sum::<u64>(),
-                ),
-                TableData::Sparse(_) => None,
-            })
-            .sum();
-        self.store.working_set_hint(bytes);
+    /// Recomputes what follows from the set of dense cells (after the load, a create or a
+    /// drop): the store's working-set hint and the length of a dense-log image.
+    fn dense_cells_changed(&self) {
+        let (mut cells, mut floats) = (0, 0);
+        for table in self.tables.read().values() {
+            if let TableData::Dense(chunks) = &table.data {
+                cells += chunks.len();
+                floats += chunks.values().map(|c| c.read().data.len()).sum::<usize>();
+            }
+        }
+        self.store.working_set_hint(floats as u64 * 4);
+        self.image_len
+            .store(DenseLog::image_len(cells, floats), Ordering::Relaxed);
     }
 
     /// A table with every owned dense chunk at its initial value (sparse tables start empty).
@@ -1428,10 +1410,10 @@ impl<S: Store> Inner<S> {
         why
     }
 
-    /// Decides where a group's dense gradients go: the log (with the record's length; after a
-    /// snapshot when the record would overwrite live ones), or the store (`None`). A group larger than the
-    /// log takes goes to the store after a snapshot, so that the store's cells never lag the
-    /// log's records behind a newer direct write.
+    /// Decides where a group's dense gradients go: the log (with the record's length; after an
+    /// image or a snapshot when the record would overwrite live ones), or the store (`None`).
+    /// A group larger than the log takes goes to the store after a snapshot, so that the
+    /// store's cells never lag the log's records behind a newer direct write.
     fn prepare_log(
         &self,
         log: &mut DenseLog,
@@ -1468,7 +1450,7 @@ impl<S: Store> Inner<S> {
         }
         // Records leave room for the image that frees the log behind them; when there is no
         // more, the image is written (or, when the cells are too many for one, a snapshot).
-        let image = self.image_len();
+        let image = self.image_len.load(Ordering::Relaxed);
         let room = if image <= log.max_image() { image } else { 0 };
         if !log.fits(len + room) {
             if room > 0 && log.fits(room) {
@@ -1565,15 +1547,15 @@ impl<S: Store> Inner<S> {
                 let mut cell = cell.write();
                 match log.as_deref_mut() {
                     // The gradient is applied from the log's copy of it, which is aligned.
-                    Some(log) => match log.chunk(chunk - 1, part.data()) {
-                        held if cfg!(target_endian = "little") => {
-                            match bytemuck::try_cast_slice::<u8, f32>(held) {
-                                Ok(g) => apply_grad(table, &mut cell, g),
-                                Err(_) => apply_le(table, &mut cell, held, &mut grad),
+                    Some(log) => {
+                        let held = log.chunk(chunk - 1, part.data());
+                        match bytemuck::try_cast_slice::<u8, f32>(held) {
+                            Ok(g) if cfg!(target_endian = "little") => {
+                                apply_grad(table, &mut cell, g)
                             }
+                            _ => apply_le(table, &mut cell, held, &mut grad),
                         }
-                        held => apply_le(table, &mut cell, held, &mut grad),
-                    },
+                    }
                     None => {
                         grad.resize(n, 0.0);
                         ps_core::payload::read_f32_le(part.data(), &mut grad);
@@ -1691,7 +1673,7 @@ impl<S: Store> Inner<S> {
         self.tables
             .write()
             .insert(spec.name.clone(), Arc::new(table));
-        self.hint_working_set();
+        self.dense_cells_changed();
         tracing::info!(table = %spec.name, id, "table created");
         Ok((spec, true))
     }
@@ -1708,7 +1690,7 @@ impl<S: Store> Inner<S> {
         self.write(batch).map_err(EngineError::Unavailable)?;
         table.dropped.store(true, Ordering::Release);
         self.tables.write().remove(name);
-        self.hint_working_set();
+        self.dense_cells_changed();
         tracing::info!(table = %name, "table dropped");
         Ok(())
     }
