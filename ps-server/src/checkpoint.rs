@@ -187,8 +187,9 @@ pub fn install_generation(
     Ok((gen_dir.join("db"), manifest))
 }
 
-/// Deletes the RocksDB directories (and dense logs) of `data_dir` that are not the live one (left behind by a
-/// restore while the old database was still open). Call before opening the store.
+/// Deletes the RocksDB directories (and dense logs) of `data_dir` that are not the live one
+/// (left behind by a restore while the old database was still open). Call before opening the
+/// store.
 pub fn remove_stale_generations(data_dir: &Path) -> anyhow::Result<()> {
     let live = current_db(data_dir)?;
     let Ok(entries) = fs::read_dir(data_dir) else {

@@ -61,7 +61,7 @@ pub struct DenseLog {
     sync: bool,
     /// Where the next record goes (logical: the file offset is this modulo the capacity).
     head: u64,
-    /// The position the last snapshot covers: records from here on are live.
+    /// The stored position (the last snapshot's or image's): records from here on are live.
     snapshot: u64,
     /// The record being built, kept between groups so its pages stay allocated.
     buf: Vec<u8>,

@@ -101,8 +101,9 @@ pub struct RocksOptions {
     /// does not (3-7 GB/s). 0 turns recycling off.
     pub recycle_wal_files: usize,
     /// Size of the dense-gradient log beside the database (`<db>.dense-log`), in MiB: dense
-    /// pushes are logged there and the dense cells snapshotted into RocksDB each time the log
-    /// fills. 0 writes every dense update into RocksDB instead.
+    /// pushes are logged there, and an image of the dense cells in the log (or, for cells over
+    /// a quarter of it, a snapshot into RocksDB) frees it when it fills. 0 writes every dense
+    /// update into RocksDB instead.
     pub dense_log_mib: u64,
 }
 
