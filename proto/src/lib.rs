@@ -4,6 +4,7 @@
 //! Generated types stop at the service edge: handlers convert them into `ps_core` domain types
 //! (with validation) and nothing past the handlers sees them.
 
+pub mod bulk;
 pub mod codec;
 
 /// Messages and the `ParameterServer` and `Scheduler` clients and servers of package `ps.v1`.

@@ -55,6 +55,38 @@ pub struct Args {
     /// The URL workers reach this shard at [default: http://<listen address>].
     #[arg(long, env = "PS_ADVERTISE")]
     pub advertise: Option<String>,
+    /// Address of the bulk stream (plain-f32 dense pushes and pulls without HTTP/2), or `off`
+    /// [default: the --listen address's IP, a port the system picks]. Clients reach it on the
+    /// host of the shard's gRPC endpoint and fall back to gRPC when they cannot.
+    #[arg(long, env = "PS_BULK_LISTEN")]
+    pub bulk_listen: Option<BulkListen>,
+}
+
+/// Where the bulk stream listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BulkListen {
+    Off,
+    At(SocketAddr),
+}
+
+impl std::str::FromStr for BulkListen {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s.eq_ignore_ascii_case("off") {
+            return Ok(Self::Off);
+        }
+        s.parse()
+            .map(Self::At)
+            .map_err(|e| format!("`{s}` is neither an address (ip:port) nor `off`: {e}"))
+    }
+}
+
+impl<'de> Deserialize<'de> for BulkListen {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 /// The TOML file. Every field is optional; unknown keys are errors.
@@ -72,6 +104,7 @@ pub struct FileConfig {
     pub grace_ms: Option<u64>,
     pub scheduler: Option<String>,
     pub advertise: Option<String>,
+    pub bulk_listen: Option<BulkListen>,
     pub virtual_nodes: Option<u32>,
     pub group_commit_bytes: Option<usize>,
     pub max_queued_bytes: Option<usize>,
@@ -102,6 +135,8 @@ pub struct ServerConfig {
     pub scheduler: Option<String>,
     /// The URL the scheduler publishes for this shard.
     pub advertise: Option<String>,
+    /// The bulk stream's address; `None`: no bulk stream (clients use gRPC for everything).
+    pub bulk_listen: Option<SocketAddr>,
 }
 
 impl ServerConfig {
@@ -125,6 +160,7 @@ impl ServerConfig {
             restore_from: None,
             scheduler: None,
             advertise: None,
+            bulk_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
         }
     }
 
@@ -139,11 +175,17 @@ impl ServerConfig {
         let d = Self::local(None);
         let mut rocksdb = file.rocksdb.unwrap_or_default();
         rocksdb.sync |= args.sync;
+        let listen = args
+            .listen
+            .or(file.listen)
+            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070)));
+        let bulk_listen = match args.bulk_listen.or(file.bulk_listen) {
+            Some(BulkListen::Off) => None,
+            Some(BulkListen::At(a)) => Some(a),
+            None => Some(SocketAddr::new(listen.ip(), 0)),
+        };
         let cfg = Self {
-            listen: args
-                .listen
-                .or(file.listen)
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070))),
+            listen,
             metrics_listen: args.metrics_listen.or(file.metrics_listen),
             data_dir: if in_memory { None } else { data_dir },
             shard_index: args.shard_index.or(file.shard_index).unwrap_or(0),
@@ -162,6 +204,7 @@ impl ServerConfig {
             restore_from: args.restore_from,
             scheduler: args.scheduler.or(file.scheduler),
             advertise: args.advertise.or(file.advertise),
+            bulk_listen,
         };
         if !in_memory && cfg.data_dir.is_none() {
             anyhow::bail!(
@@ -233,6 +276,15 @@ mod tests {
             Some(std::path::Path::new("/tmp/x"))
         );
         assert_eq!(cfg.max_request_bytes, 64 << 20);
+        // The bulk stream follows --listen's IP unless told otherwise.
+        assert_eq!(cfg.bulk_listen, Some("127.0.0.1:0".parse().unwrap()));
+        let (_d, path) = file("in_memory = true\nbulk_listen = \"off\"\n");
+        let cfg = ServerConfig::resolve(args(&["--config", &path])).unwrap();
+        assert_eq!(cfg.bulk_listen, None);
+        let cfg =
+            ServerConfig::resolve(args(&["--config", &path, "--bulk-listen", "0.0.0.0:7071"]))
+                .unwrap();
+        assert_eq!(cfg.bulk_listen, Some("0.0.0.0:7071".parse().unwrap()));
     }
 
     #[test]
@@ -254,5 +306,7 @@ mod tests {
         assert!(e.to_string().contains("out of range"), "{e}");
         let cfg = ServerConfig::resolve(args(&["--in-memory"])).unwrap();
         assert!(cfg.data_dir.is_none());
+        let e = Args::try_parse_from(["ps-server", "--bulk-listen", "7071"]).unwrap_err();
+        assert!(e.to_string().contains("neither an address"), "{e}");
     }
 }

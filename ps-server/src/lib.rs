@@ -6,6 +6,7 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod bulk;
 pub mod checkpoint;
 pub mod config;
 pub mod dense_log;
@@ -135,11 +136,30 @@ async fn serve<S: Store>(
         "shard ready"
     );
     let slot: EngineSlot<S> = Arc::new(RwLock::new(engine));
+    let bulk_listener = match cfg.bulk_listen {
+        Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
+            anyhow::anyhow!("cannot listen for the bulk stream on {addr}: {e} (--bulk-listen)")
+        })?),
+        None => None,
+    };
     let mut svc = PsService::new(slot.clone(), cfg.max_request_bytes);
+    if let Some(l) = &bulk_listener {
+        svc = svc.with_bulk_port(l.local_addr()?.port());
+    }
     if let Some((dir, reopen)) = restore {
         svc = svc.with_restore(dir, reopen);
     }
-    let svc = ParameterServerServer::new(svc)
+    let svc = Arc::new(svc);
+    let bulk_stop = shutdown.child_token();
+    let bulk_served = bulk_listener.map(|l| {
+        let opts = bulk::BulkOptions {
+            max_request_bytes: cfg.max_request_bytes,
+            drain: cfg.drain,
+            grace: cfg.grace,
+        };
+        tokio::spawn(bulk::serve(l, svc.clone(), opts, bulk_stop.clone()))
+    });
+    let grpc = ParameterServerServer::from_arc(svc)
         .max_decoding_message_size(cfg.max_request_bytes)
         .max_encoding_message_size(usize::MAX);
     let opts = GrpcOptions {
@@ -147,7 +167,12 @@ async fn serve<S: Store>(
         drain: cfg.drain,
         grace: cfg.grace,
     };
-    let served = ps_runtime::grpc::serve(listener, svc, opts, shutdown).await;
+    let served = ps_runtime::grpc::serve(listener, grpc, opts, shutdown).await;
+    // The engine closes once neither listener can reach it.
+    bulk_stop.cancel();
+    if let Some(b) = bulk_served {
+        b.await?;
+    }
     let engine = slot.read().clone();
     tokio::task::spawn_blocking(move || engine.close()).await?;
     served

@@ -11,6 +11,7 @@ use tracing::instrument;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -43,6 +44,10 @@ pub type Reopen<S> = Arc<dyn Fn(&Path) -> Result<S, StoreError> + Send + Sync>;
 pub struct PsService<S: Store> {
     slot: EngineSlot<S>,
     max_request_bytes: usize,
+    /// The bulk stream's port, advertised by `ShardInfo`; 0 when it has none.
+    bulk_port: u16,
+    /// Calls answered on the bulk stream.
+    bulk_calls: AtomicU64,
     /// The data directory and how to open a store in it; `None` in the in-memory mode.
     restore: Option<(PathBuf, Reopen<S>)>,
     restoring: Arc<tokio::sync::Mutex<()>>,
@@ -61,9 +66,22 @@ impl<S: Store> PsService<S> {
         Self {
             slot,
             max_request_bytes,
+            bulk_port: 0,
+            bulk_calls: AtomicU64::new(0),
             restore: None,
             restoring: Arc::new(tokio::sync::Mutex::new(())),
         }
+    }
+
+    /// Advertises the bulk stream listening on `port` (of the gRPC endpoint's host).
+    pub fn with_bulk_port(mut self, port: u16) -> Self {
+        self.bulk_port = port;
+        self
+    }
+
+    /// Counts a call answered on the bulk stream.
+    pub(crate) fn bulk_call(&self) {
+        self.bulk_calls.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Enables `RestoreCheckpoint`: checkpoints are installed as new generations of `data_dir`
@@ -132,6 +150,7 @@ impl<S: Store> ParameterServer for PsService<S> {
             server_version: env!("CARGO_PKG_VERSION").to_owned(),
             max_request_bytes: self.max_request_bytes as u64,
             durable: engine.durable(),
+            bulk_port: u32::from(self.bulk_port),
         }))
     }
 
@@ -393,6 +412,7 @@ impl<S: Store> ParameterServer for PsService<S> {
             bytes_written: s.bytes_written,
             live_data_bytes: s.live_data_bytes,
             tables: s.tables.into_iter().map(table_stats).collect(),
+            bulk_calls: self.bulk_calls.load(Ordering::Relaxed),
         }))
     }
 }

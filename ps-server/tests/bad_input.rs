@@ -636,3 +636,241 @@ async fn every_optimizer_runs_end_to_end_and_survives_a_restart() {
         task.await.unwrap().unwrap();
     }
 }
+
+/// One call on a raw bulk stream: (status code, header bytes, body bytes).
+async fn bulk_call(
+    sock: &mut tokio::net::TcpStream,
+    kind: u32,
+    header: &impl prost::Message,
+    body: &[bytes::Bytes],
+) -> (u32, Vec<u8>, Vec<u8>) {
+    use tokio::io::AsyncReadExt;
+    ps_proto::bulk::write_frame(sock, kind, &header.encode_to_vec(), body)
+        .await
+        .unwrap();
+    let (head, header) = ps_proto::bulk::read_head(sock, 1 << 20)
+        .await
+        .unwrap()
+        .expect("an answer");
+    let mut body = vec![0u8; head.body_len as usize];
+    sock.read_exact(&mut body).await.unwrap();
+    (head.kind, header, body)
+}
+
+/// A refusal on the bulk stream: its code and message.
+fn bulk_refused(code: Code, hint: &str, (got, header, body): (u32, Vec<u8>, Vec<u8>)) {
+    let message = String::from_utf8(header).unwrap();
+    assert_eq!(Code::from_i32(got as i32), code, "{message}");
+    assert!(
+        message.contains(hint),
+        "`{message}` should mention `{hint}`"
+    );
+    assert!(body.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_stream() {
+    use ps_proto::bulk::{PULL_DENSE, PUSH_DENSE};
+    let mut shard = start(1 << 20).await;
+    let c = &mut shard.client;
+    let info = c
+        .shard_info(pb::ShardInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_ne!(
+        info.bulk_port, 0,
+        "a shard offers its bulk stream by default"
+    );
+    for (name, len) in [("d", 10), ("big", 1 << 20)] {
+        c.create_table(pb::CreateTableRequest {
+            spec: Some(dense_spec(name, len, 0, pb::NonFinitePolicy::Reject)),
+        })
+        .await
+        .unwrap();
+    }
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(dense_spec("d4", 12, 4, pb::NonFinitePolicy::Reject)),
+    })
+    .await
+    .unwrap();
+    let (chunks, _) = chunks_for("d4", 3);
+    let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", info.bulk_port as u16))
+        .await
+        .unwrap();
+
+    // A push whose header carries the slices and whose body carries their values.
+    let push =
+        |table: &str, push_id: Option<pb::PushId>, chunks: &[u64], encoding: pb::Encoding| {
+            pb::PushDenseRequest {
+                table: table.into(),
+                push_id,
+                map_epoch: 0,
+                slices: chunks
+                    .iter()
+                    .map(|&chunk| pb::DenseSlice {
+                        chunk,
+                        values: Some(pb::Payload {
+                            encoding: encoding as i32,
+                            num_values: 4,
+                            ..Default::default()
+                        }),
+                    })
+                    .collect(),
+            }
+        };
+    let values =
+        |v: &[f32]| bytes::Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    let grad: Vec<bytes::Bytes> = chunks
+        .iter()
+        .map(|&c| values(&[c as f32, 0.5, -2.0, 4.0]))
+        .collect();
+    let id = push_id();
+    let good = push("d4", id, &chunks, pb::Encoding::F32);
+    let (code, header, _) = bulk_call(&mut sock, PUSH_DENSE, &good, &grad).await;
+    assert_eq!(code, 0);
+    let first: pb::PushResponse = prost::Message::decode(header.as_slice()).unwrap();
+    assert_eq!(
+        (first.duplicate, first.applied_values),
+        (false, 4 * chunks.len() as u64)
+    );
+    // The same push again, on the same stream: acknowledged, not applied.
+    let (code, header, _) = bulk_call(&mut sock, PUSH_DENSE, &good, &grad).await;
+    assert_eq!(code, 0);
+    let again: pb::PushResponse = prost::Message::decode(header.as_slice()).unwrap();
+    assert!(again.duplicate);
+
+    // The bulk pull answers what gRPC answers, as raw little-endian f32 after the header.
+    let pull = pb::PullDenseRequest {
+        table: "d4".into(),
+        chunks: chunks.iter().rev().copied().collect(),
+        ..Default::default()
+    };
+    let by_grpc = c.pull_dense(pull.clone()).await.unwrap().into_inner();
+    let (code, header, body) = bulk_call(&mut sock, PULL_DENSE, &pull, &[]).await;
+    assert_eq!(code, 0);
+    let answer: pb::PullDenseResponse = prost::Message::decode(header.as_slice()).unwrap();
+    assert_eq!(
+        answer.slices.iter().map(|s| s.chunk).collect::<Vec<_>>(),
+        pull.chunks
+    );
+    let want: Vec<f32> = by_grpc
+        .slices
+        .iter()
+        .flat_map(|s| decode(s.values.as_ref().unwrap()))
+        .collect();
+    let got: Vec<f32> = body
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(got, want);
+    assert_eq!(got[..4], [-(pull.chunks[0] as f32), -0.5, 2.0, -4.0]);
+
+    // Bad input: each refused with its code and reason, nothing applied, the stream usable.
+    let one = &chunks[..1];
+    bulk_refused(
+        Code::NotFound,
+        "nope",
+        bulk_call(
+            &mut sock,
+            PUSH_DENSE,
+            &push("nope", push_id(), one, pb::Encoding::F32),
+            &grad[..1],
+        )
+        .await,
+    );
+    bulk_refused(
+        Code::InvalidArgument,
+        "body",
+        bulk_call(
+            &mut sock,
+            PUSH_DENSE,
+            &push("d4", push_id(), one, pb::Encoding::F32),
+            &[values(&[1.0; 3])],
+        )
+        .await,
+    );
+    bulk_refused(
+        Code::InvalidArgument,
+        "through gRPC",
+        bulk_call(
+            &mut sock,
+            PUSH_DENSE,
+            &push("d4", push_id(), one, pb::Encoding::F16),
+            &[values(&[1.0; 2])],
+        )
+        .await,
+    );
+    bulk_refused(
+        Code::InvalidArgument,
+        "NaN",
+        bulk_call(
+            &mut sock,
+            PUSH_DENSE,
+            &push("d4", push_id(), one, pb::Encoding::F32),
+            &[values(&[1.0, f32::NAN, 0.0, 0.0])],
+        )
+        .await,
+    );
+    bulk_refused(
+        Code::InvalidArgument,
+        "push_id",
+        bulk_call(
+            &mut sock,
+            PUSH_DENSE,
+            &push("d4", None, one, pb::Encoding::F32),
+            &grad[..1],
+        )
+        .await,
+    );
+    // 2 MiB of values against a 1 MiB limit: refused, its body read and dropped.
+    let mut big = push("big", push_id(), &[0, 1], pb::Encoding::F32);
+    for s in &mut big.slices {
+        s.values.as_mut().unwrap().num_values = 256 * 1024;
+    }
+    let mib = bytes::Bytes::from(vec![0u8; 1 << 20]);
+    bulk_refused(
+        Code::ResourceExhausted,
+        "--max-request-bytes",
+        bulk_call(&mut sock, PUSH_DENSE, &big, &[mib.clone(), mib]).await,
+    );
+    let f16_pull = pb::PullDenseRequest {
+        accept: pb::Encoding::F16 as i32,
+        ..pull.clone()
+    };
+    bulk_refused(
+        Code::InvalidArgument,
+        "through gRPC",
+        bulk_call(&mut sock, PULL_DENSE, &f16_pull, &[]).await,
+    );
+    bulk_refused(
+        Code::Unimplemented,
+        "unknown",
+        bulk_call(&mut sock, 9, &pull, &[]).await,
+    );
+    // Still the same stream, still the same values.
+    let (code, _, body_after) = bulk_call(&mut sock, PULL_DENSE, &pull, &[]).await;
+    assert_eq!(code, 0);
+    assert_eq!(body_after, body);
+    let stats = c
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (1, 1));
+    assert_eq!(stats.bulk_calls, 12);
+
+    // A stream that is not speaking the bulk framing is closed.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stray = tokio::net::TcpStream::connect(("127.0.0.1", info.bulk_port as u16))
+        .await
+        .unwrap();
+    stray
+        .write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 16];
+    assert_eq!(stray.read(&mut buf).await.unwrap_or(0), 0);
+    drop(sock);
+    shard.stop().await;
+}

@@ -210,3 +210,68 @@ async fn checkpoint_writes_a_verifiable_manifest_on_every_shard() {
     assert!(e.to_string().contains("does not match the manifest"), "{e}");
     cluster.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_dense_calls_take_the_bulk_stream_and_a_shard_without_one_is_served_by_grpc() {
+    // Shard 1 offers no bulk stream: the client must reach it through gRPC.
+    let cluster = TestCluster::start_with(2, |cfg| {
+        if cfg.shard_index == 1 {
+            cfg.bulk_listen = None;
+        }
+    })
+    .await;
+    // Without lz4, which would compress these regular values and send them through gRPC.
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.codec.push.lz4.enabled = false;
+    let bulk = PsClient::connect(cfg.clone()).await.unwrap();
+    assert_ne!(bulk.shards()[0].bulk_port, 0);
+    assert_eq!(bulk.shards()[1].bulk_port, 0);
+    cfg.bulk = false;
+    let grpc = PsClient::connect(cfg).await.unwrap();
+
+    // 5 chunks of 64 Ki values over two shards; values exact in f32 so sums are bit-exact.
+    let n = 5 * 65536 - 100;
+    let spec = TableSpec::dense("t", &[n as u64])
+        .and_then(|s| s.with_chunk_elems(65536))
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(1.0))
+        .unwrap();
+    bulk.create_table(spec).await.unwrap();
+    let g1: Vec<f32> = (0..n).map(|i| (i % 97) as f32).collect();
+    let g2: Vec<f32> = (0..n).map(|i| (i % 13) as f32 * 0.5).collect();
+    let before = bulk.stats().await.unwrap();
+    assert_eq!(
+        bulk.push_dense("t", &g1).await.unwrap().applied_values,
+        n as u64
+    );
+    let after_push = bulk.stats().await.unwrap();
+    assert!(after_push[0].bulk_calls > before[0].bulk_calls);
+    assert_eq!(after_push[1].bulk_calls, 0);
+    grpc.push_dense("t", &g2).await.unwrap();
+    let want: Vec<f32> = g1.iter().zip(&g2).map(|(a, b)| -(a + b)).collect();
+    let by_bulk = bulk.pull_dense("t").await.unwrap();
+    let after_pull = bulk.stats().await.unwrap();
+    assert_eq!(by_bulk, want);
+    assert_eq!(grpc.pull_dense("t").await.unwrap(), want);
+    assert_eq!(
+        bulk.pull_dense_chunks("t", 1..4).await.unwrap(),
+        want[65536..4 * 65536]
+    );
+    // The gRPC client never touched the bulk stream; the bulk client pulled through it.
+    let end = bulk.stats().await.unwrap();
+    assert!(after_pull[0].bulk_calls > after_push[0].bulk_calls);
+    assert!(end[0].bulk_calls > after_pull[0].bulk_calls);
+    assert_eq!(end[1].bulk_calls, 0);
+    // Lossy codecs keep going through gRPC: the bulk stream carries plain f32 only.
+    let int8 = ps_client::TableCodec {
+        push: ps_client::CompressOptions {
+            codec: ps_client::Codec::Int8 { block: 256 },
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    bulk.set_table_codec("t", int8).unwrap();
+    bulk.push_dense("t", &g1).await.unwrap();
+    assert_eq!(bulk.stats().await.unwrap()[0].bulk_calls, end[0].bulk_calls);
+    cluster.stop().await;
+}

@@ -50,6 +50,9 @@ struct Args {
     /// The shards' dense-log size in MiB (the server's `dense_log_mib`; its default if unset).
     #[arg(long)]
     dense_log_mib: Option<u64>,
+    /// Dense pushes and pulls through gRPC only, not the shards' bulk stream.
+    #[arg(long)]
+    grpc_only: bool,
 }
 
 fn memcpy_gbps() -> f64 {
@@ -168,9 +171,23 @@ impl Cluster {
     }
 }
 
-fn client_config(endpoints: &[String], request_kib: usize) -> ClientConfig {
+/// How the benchmark's clients talk to the shards.
+#[derive(Clone, Copy)]
+struct Transport {
+    request_kib: usize,
+    bulk: bool,
+}
+
+impl Transport {
+    fn name(self) -> &'static str {
+        if self.bulk { "bulk" } else { "grpc" }
+    }
+}
+
+fn client_config(endpoints: &[String], t: Transport) -> ClientConfig {
     let mut cfg = ClientConfig::new(endpoints.to_vec());
-    cfg.max_request_bytes = request_kib << 10;
+    cfg.max_request_bytes = t.request_kib << 10;
+    cfg.bulk = t.bulk;
     cfg
 }
 
@@ -180,12 +197,12 @@ async fn dense_case(
     floats: usize,
     seconds: f64,
     warmup: f64,
-    request_kib: usize,
+    t: Transport,
 ) -> anyhow::Result<(f64, usize)> {
     let mut tasks = Vec::new();
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients));
     for c in 0..clients {
-        let cfg = client_config(endpoints, request_kib);
+        let cfg = client_config(endpoints, t);
         let start = start.clone();
         tasks.push(tokio::spawn(async move {
             let ps = PsClient::connect(cfg).await?;
@@ -236,12 +253,12 @@ async fn dense_case(
 async fn sparse_case(
     endpoints: &[String],
     seconds: f64,
-    request_kib: usize,
+    t: Transport,
 ) -> anyhow::Result<(f64, f64, f64)> {
     let dim = 64;
     let batch = 4096;
     let space = 1_000_000u64;
-    let ps = PsClient::connect(client_config(endpoints, request_kib)).await?;
+    let ps = PsClient::connect(client_config(endpoints, t)).await?;
     ps.create_table(
         TableSpec::sparse("bench/sparse", dim)?.with_optimizer(Optimizer::adagrad(0.05))?,
     )
@@ -295,6 +312,10 @@ fn main() -> anyhow::Result<()> {
     println!("{{\"case\":\"loopback_tcp\",\"gbps\":{tcp:.3}}}");
     let append = file_append_gbps();
     println!("{{\"case\":\"file_append\",\"gbps\":{append:.3}}}");
+    let transport = Transport {
+        request_kib: args.request_kib,
+        bulk: !args.grpc_only,
+    };
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .thread_name("client")
@@ -336,10 +357,11 @@ fn main() -> anyhow::Result<()> {
                     floats,
                     seconds,
                     warmup,
-                    args.request_kib,
+                    transport,
                 ))?;
                 println!(
-                    "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{shards},\"clients\":{clients},\"mode\":\"{mode}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
+                    "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{shards},\"clients\":{clients},\"mode\":\"{mode}\",\"transport\":\"{}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
+                    transport.name(),
                     gbps / tcp,
                     gbps / memcpy,
                     gbps / append
@@ -358,10 +380,11 @@ fn main() -> anyhow::Result<()> {
             floats,
             seconds,
             warmup,
-            args.request_kib,
+            transport,
         ))?;
         println!(
-            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":1,\"clients\":1,\"mode\":\"durable+sync\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
+            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":1,\"clients\":1,\"mode\":\"durable+sync\",\"transport\":\"{}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
+            transport.name(),
             gbps / tcp,
             gbps / memcpy,
             gbps / append
@@ -375,11 +398,8 @@ fn main() -> anyhow::Result<()> {
             ("memory", false, false),
         ] {
             let cluster = Cluster::start(1, durable, sync, args.dense_log_mib);
-            let (keys, unique, per_write) = client_rt.block_on(sparse_case(
-                &cluster.endpoints,
-                seconds.max(2.0),
-                args.request_kib,
-            ))?;
+            let (keys, unique, per_write) =
+                client_rt.block_on(sparse_case(&cluster.endpoints, seconds.max(2.0), transport))?;
             println!(
                 "{{\"case\":\"sparse_adagrad_dim64\",\"shards\":1,\"mode\":\"{mode}\",\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2}}}"
             );

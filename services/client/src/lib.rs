@@ -25,6 +25,7 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+mod bulk;
 mod compress;
 mod error;
 mod link;
@@ -48,6 +49,7 @@ use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use tonic::transport::Endpoint;
 
+use bulk::BulkPool;
 pub use compress::TableCodec;
 use compress::{Codecs, Sender};
 pub use error::ClientError;
@@ -86,6 +88,10 @@ pub struct ClientConfig {
     /// Emulate a network link of this many megabits per second (each direction) for every
     /// request to and answer from the shards; see [`Link`]. `None`: the real network only.
     pub link_mbps: Option<f64>,
+    /// Send plain-f32 dense pushes and pulls over the shards' bulk streams (raw TCP, no HTTP/2
+    /// framing) where a shard offers one; everything else goes through gRPC either way. Off
+    /// with an emulated link, whose emulation is on the gRPC channel.
+    pub bulk: bool,
 }
 
 /// A source of the current shard map (the scheduler, for workers).
@@ -115,6 +121,7 @@ impl ClientConfig {
             map_epoch: 0,
             map_source: None,
             link_mbps: None,
+            bulk: true,
         }
     }
 }
@@ -128,6 +135,8 @@ pub struct ShardInfo {
     pub durable: bool,
     pub max_request_bytes: u64,
     pub server_version: String,
+    /// The shard's bulk-stream port; 0 when it has none.
+    pub bulk_port: u16,
 }
 
 /// What a push did, summed over the shards it touched.
@@ -178,8 +187,8 @@ pub struct PsClient {
 #[derive(Debug)]
 struct Inner {
     cfg: ClientConfig,
-    /// Each shard's endpoint and connection; replaced when the shard map moves a shard.
-    shards: RwLock<Vec<(String, ParameterServerClient<LinkChannel>)>>,
+    /// Each shard's endpoint and connections; replaced when the shard map moves a shard.
+    shards: RwLock<Vec<Shard>>,
     num_shards: usize,
     /// One map refresh at a time.
     refreshing: tokio::sync::Mutex<()>,
@@ -192,6 +201,21 @@ struct Inner {
     map_epoch: AtomicU64,
     /// The emulated link every shard connection shares, when one is set.
     link: Option<Arc<Link>>,
+}
+
+/// One shard's connections: gRPC, and its bulk stream when it offers one.
+#[derive(Debug, Clone)]
+struct Shard {
+    endpoint: String,
+    grpc: ParameterServerClient<LinkChannel>,
+    bulk: Option<Arc<BulkPool>>,
+}
+
+impl Shard {
+    /// The bulk stream, when this call may use it.
+    fn bulk(&self) -> Option<&BulkPool> {
+        self.bulk.as_deref().filter(|b| b.usable())
+    }
 }
 
 fn table_name(name: &str) -> Result<TableName, ClientError> {
@@ -217,7 +241,13 @@ impl PsClient {
         let shards = cfg
             .endpoints
             .iter()
-            .map(|ep| Ok((ep.clone(), shard_client(&cfg, link.clone(), ep)?)))
+            .map(|ep| {
+                Ok(Shard {
+                    endpoint: ep.clone(),
+                    grpc: shard_client(&cfg, link.clone(), ep)?,
+                    bulk: None,
+                })
+            })
             .collect::<Result<Vec<_>, ClientError>>()?;
         let client_id = cfg
             .client_id
@@ -267,8 +297,19 @@ impl PsClient {
                 durable: i.durable,
                 max_request_bytes: i.max_request_bytes,
                 server_version: i.server_version,
+                bulk_port: u16::try_from(i.bulk_port).unwrap_or(0),
             })
             .collect();
+        if this.cfg.bulk && this.link.is_none() {
+            for (shard, info) in this.shards.get_mut().iter_mut().zip(&this.infos) {
+                shard.bulk = (info.bulk_port != 0)
+                    .then(|| {
+                        BulkPool::new(&info.endpoint, info.bulk_port, this.cfg.connect_timeout)
+                    })
+                    .flatten()
+                    .map(Arc::new);
+            }
+        }
         // Never build a request the smallest server limit would refuse (leave room for framing).
         let server_limit = this
             .infos
@@ -552,14 +593,32 @@ impl PsClient {
         let results = stream::iter(calls)
             .map(|(i, shard, slices)| {
                 let table = table.clone();
-                let call = self.inner.push(shard, move |mut c, push_id, map_epoch| {
+                // Plain f32 travels by the bulk stream where the shard has one.
+                let plain = slices.iter().all(|s| {
+                    s.values.as_ref().is_some_and(|v| {
+                        v.encoding() == pb::Encoding::F32
+                            && v.compression() == pb::Compression::None
+                    })
+                });
+                let call = self.inner.push(shard, move |mut s, push_id, map_epoch| {
                     let req = pb::PushDenseRequest {
                         table: table.clone(),
                         push_id: Some(push_id),
                         map_epoch,
                         slices: slices.clone(),
                     };
-                    async move { c.push_dense(req).await }
+                    async move {
+                        if plain
+                            && let Some(bulk) = s.bulk()
+                            && let Some(answer) = bulk.push_dense(req.clone()).await?
+                        {
+                            return Ok(answer);
+                        }
+                        s.grpc
+                            .push_dense(req)
+                            .await
+                            .map(tonic::Response::into_inner)
+                    }
                 });
                 async move { (i, call.await) }
             })
@@ -634,7 +693,6 @@ impl PsClient {
                 shape.num_chunks()
             )));
         }
-        let base = chunks.start * shape.chunk_elems;
         let total: usize = chunks.clone().filter_map(|c| shape.chunk_len(c)).sum();
         let state = self.inner.codecs.state_of(&spec.name);
         if let Some(ratio) = state.codec.pull_delta {
@@ -644,46 +702,67 @@ impl PsClient {
         }
         let accept = state.codec.pull;
         let bytes_per_value = state.codec.pull_bytes_per_value();
-        let requests = self.plan_chunks(&spec, &shape, chunks, bytes_per_value);
+        let requests = self.plan_chunks(&spec, &shape, chunks.clone(), bytes_per_value);
         let table = spec.name.to_string();
         let mut out = vec![0.0f32; total];
-        let mut answers = stream::iter(requests)
-            .map(|(shard, chunks)| {
-                let req = pb::PullDenseRequest {
-                    table: table.clone(),
-                    chunks,
-                    accept: ps_core::payload::encoding_to_pb(accept) as i32,
-                    map_epoch: 0,
-                    delta: None,
-                };
-                self.inner.call(shard, move |mut c, map_epoch| {
-                    let req = pb::PullDenseRequest {
-                        map_epoch,
-                        ..req.clone()
-                    };
-                    async move { c.pull_dense(req).await }
+        // Each chunk's place in `out`, handed to the request that pulls it: answers are
+        // decoded (or, by the bulk stream, read) straight into the tensor.
+        let mut places: Vec<Option<&mut [f32]>> = out
+            .chunks_mut(
+                usize::try_from(shape.chunk_elems)
+                    .unwrap_or(usize::MAX)
+                    .max(1),
+            )
+            .map(Some)
+            .collect();
+        let plain = accept == ps_core::Encoding::F32;
+        let pulls = requests.into_iter().map(|(shard, chunks_of)| {
+            let dsts: Vec<bulk::Dst<'_>> = chunks_of
+                .iter()
+                .map(|&c| {
+                    let place = places
+                        .get_mut((c - chunks.start) as usize)
+                        .and_then(Option::take)
+                        .unwrap_or_default();
+                    (c, place)
                 })
-            })
-            .buffer_unordered(self.inner.cfg.max_in_flight);
-        while let Some(resp) = answers.try_next().await? {
-            for slice in resp.slices {
-                let slice = DenseSlice::try_from(slice)
-                    .map_err(|e| ClientError::Protocol(e.to_string()))?;
-                let start = (slice.chunk * shape.chunk_elems - base) as usize;
-                let dst = out
-                    .get_mut(start..start + slice.values.len())
-                    .ok_or_else(|| {
-                        ClientError::Protocol(format!(
-                            "chunk {} answered out of range",
-                            slice.chunk
-                        ))
-                    })?;
-                slice
-                    .values
-                    .decode_into(dst)
-                    .map_err(|e| ClientError::Protocol(format!("chunk {}: {e}", slice.chunk)))?;
+                .collect();
+            let req = pb::PullDenseRequest {
+                table: table.clone(),
+                chunks: chunks_of,
+                accept: ps_core::payload::encoding_to_pb(accept) as i32,
+                map_epoch: 0,
+                delta: None,
+            };
+            let dsts = tokio::sync::Mutex::new(dsts);
+            async move {
+                self.inner
+                    .call_shard(shard, |mut s, map_epoch| {
+                        let req = pb::PullDenseRequest {
+                            map_epoch,
+                            ..req.clone()
+                        };
+                        let dsts = &dsts;
+                        async move {
+                            let mut dsts = dsts.lock().await;
+                            if plain
+                                && let Some(bulk) = s.bulk()
+                                && bulk.pull_dense(&req, &mut dsts).await?.is_some()
+                            {
+                                return Ok(Ok(()));
+                            }
+                            let resp = s.grpc.pull_dense(req).await?.into_inner();
+                            Ok(place_slices(resp.slices, &mut dsts))
+                        }
+                    })
+                    .await?
+                    .map_err(ClientError::Protocol)
             }
-        }
+        });
+        stream::iter(pulls)
+            .buffer_unordered(self.inner.cfg.max_in_flight)
+            .try_collect::<Vec<()>>()
+            .await?;
         Ok(out)
     }
 
@@ -839,7 +918,7 @@ impl PsClient {
             .collect();
         let results = stream::iter(calls.into_iter().map(|(i, shard, ids, values)| {
             let table = table.clone();
-            let call = self.inner.push(shard, move |mut c, push_id, map_epoch| {
+            let call = self.inner.push(shard, move |mut s, push_id, map_epoch| {
                 let req = pb::PushSparseRequest {
                     table: table.clone(),
                     push_id: Some(push_id),
@@ -847,7 +926,12 @@ impl PsClient {
                     ids: ids.clone(),
                     values: Some(values.clone()),
                 };
-                async move { c.push_sparse(req).await }
+                async move {
+                    s.grpc
+                        .push_sparse(req)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
             });
             async move { (i, call.await) }
         }))
@@ -1012,6 +1096,33 @@ impl PsClient {
     }
 }
 
+/// Decodes a pull's answered slices into the places of the chunks asked for, in order.
+fn place_slices(slices: Vec<pb::DenseSlice>, dsts: &mut [bulk::Dst<'_>]) -> Result<(), String> {
+    if slices.len() != dsts.len() {
+        return Err(format!(
+            "{} slices answered for {} chunks",
+            slices.len(),
+            dsts.len()
+        ));
+    }
+    for (slice, (chunk, dst)) in slices.into_iter().zip(dsts.iter_mut()) {
+        let slice = DenseSlice::try_from(slice).map_err(|e| e.to_string())?;
+        if slice.chunk != *chunk || slice.values.len() != dst.len() {
+            return Err(format!(
+                "chunk {} of {} values answered where chunk {chunk} of {} was asked",
+                slice.chunk,
+                slice.values.len(),
+                dst.len()
+            ));
+        }
+        slice
+            .values
+            .decode_into(dst)
+            .map_err(|e| format!("chunk {}: {e}", slice.chunk))?;
+    }
+    Ok(())
+}
+
 /// Sums the answers of a push's requests (`(request index, answer)`), counting the payloads
 /// of each applied one. A request the shard refused (certainly not applied) goes to `refused`,
 /// which gives its part back to the residual. The first error, if any, is the push's.
@@ -1105,13 +1216,27 @@ impl Inner {
         F: FnMut(ParameterServerClient<LinkChannel>, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
+        self.call_shard(shard, |s, epoch| {
+            let call = f(s.grpc, epoch);
+            async move { call.await.map(tonic::Response::into_inner) }
+        })
+        .await
+    }
+
+    /// [`Inner::call`] for a call that picks its transport: `f` gets the shard's connections.
+    async fn call_shard<T, F, Fut>(&self, shard: usize, mut f: F) -> Result<T, ClientError>
+    where
+        F: FnMut(Shard, u64) -> Fut,
+        Fut: Future<Output = Result<T, tonic::Status>>,
+    {
         let mut backoff = self.cfg.initial_backoff;
         let mut attempt = 1;
         loop {
-            let (endpoint, client) = self.shards.read()[shard].clone();
+            let conn = self.shards.read()[shard].clone();
+            let endpoint = conn.endpoint.clone();
             let epoch = self.map_epoch.load(Ordering::Relaxed);
-            match f(client, epoch).await {
-                Ok(r) => return Ok(r.into_inner()),
+            match f(conn, epoch).await {
+                Ok(r) => return Ok(r),
                 Err(s)
                     if attempt < self.cfg.max_attempts
                         && (is_transient(&s) || self.is_stale_map(&s)) =>
@@ -1161,9 +1286,16 @@ impl Inner {
         }
         let mut shards = self.shards.read().clone();
         for (slot, ep) in shards.iter_mut().zip(endpoints) {
-            if slot.0 != ep {
+            if slot.endpoint != ep {
+                // The moved shard's bulk port is not known: gRPC carries all of its calls.
                 match shard_client(&self.cfg, self.link.clone(), &ep) {
-                    Ok(c) => *slot = (ep, c),
+                    Ok(grpc) => {
+                        *slot = Shard {
+                            endpoint: ep,
+                            grpc,
+                            bulk: None,
+                        }
+                    }
                     Err(e) => {
                         tracing::warn!(error = %e, "the shard map names an unusable endpoint");
                         return;
@@ -1179,8 +1311,8 @@ impl Inner {
     /// A push to `shard`: one sequence number for every attempt of it.
     async fn push<F, Fut>(&self, shard: usize, mut f: F) -> Result<pb::PushResponse, ClientError>
     where
-        F: FnMut(ParameterServerClient<LinkChannel>, pb::PushId, u64) -> Fut,
-        Fut: Future<Output = Result<tonic::Response<pb::PushResponse>, tonic::Status>>,
+        F: FnMut(Shard, pb::PushId, u64) -> Fut,
+        Fut: Future<Output = Result<pb::PushResponse, tonic::Status>>,
     {
         let ticket = self.seqs.begin();
         let push_id = pb::PushId {
@@ -1188,7 +1320,8 @@ impl Inner {
             seq: ticket.seq(),
             min_unacked_seq: ticket.min_unacked(),
         };
-        self.call(shard, |c, epoch| f(c, push_id, epoch)).await
+        self.call_shard(shard, |s, epoch| f(s, push_id, epoch))
+            .await
     }
 
     /// The same call on every shard, concurrently; answers in shard order.

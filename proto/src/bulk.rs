@@ -1,0 +1,247 @@
+//! Framing of the bulk stream, the shard's second listener for large plain-f32 dense pushes and
+//! pulls (described with `ShardInfoResponse.bulk_port` in `ps.proto`): a fixed 20-byte head, a
+//! protobuf header, then the payload bytes themselves. The values cross once, as they are, with
+//! no HTTP/2 frames around them and no protobuf encoding of them.
+//!
+//! The shard's handler and the client's caller both live next to their gRPC twins; this module
+//! holds only what both sides must agree on.
+
+use std::io;
+
+use bytes::Bytes;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::v1 as pb;
+
+/// First bytes of every head.
+pub const MAGIC: [u8; 4] = *b"PSB1";
+/// Bytes of a head: magic, kind, header length, body length.
+pub const HEAD_LEN: usize = 20;
+/// Request kind of a `PushDense` call.
+pub const PUSH_DENSE: u32 = 1;
+/// Request kind of a `PullDense` call.
+pub const PULL_DENSE: u32 = 2;
+
+/// A frame's head. `kind` is the method of a request, the gRPC status code of an answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Head {
+    pub kind: u32,
+    pub header_len: u32,
+    pub body_len: u64,
+}
+
+impl Head {
+    pub fn encode(&self) -> [u8; HEAD_LEN] {
+        let mut b = [0u8; HEAD_LEN];
+        b[..4].copy_from_slice(&MAGIC);
+        b[4..8].copy_from_slice(&self.kind.to_le_bytes());
+        b[8..12].copy_from_slice(&self.header_len.to_le_bytes());
+        b[12..].copy_from_slice(&self.body_len.to_le_bytes());
+        b
+    }
+
+    /// Parses a head; anything not starting with the magic is `InvalidData` (the stream is not
+    /// a bulk stream, or lost its place, and must be closed).
+    pub fn decode(b: &[u8; HEAD_LEN]) -> io::Result<Self> {
+        let (magic, rest) = b.split_at(4);
+        if magic != MAGIC {
+            return Err(invalid(format!(
+                "not a bulk frame: it starts with {magic:02x?}, not {MAGIC:02x?}"
+            )));
+        }
+        let (kind, rest) = rest.split_at(4);
+        let (header_len, body_len) = rest.split_at(4);
+        Ok(Self {
+            kind: u32::from_le_bytes(kind.try_into().map_err(|_| invalid("short head"))?),
+            header_len: u32::from_le_bytes(
+                header_len.try_into().map_err(|_| invalid("short head"))?,
+            ),
+            body_len: u64::from_le_bytes(body_len.try_into().map_err(|_| invalid("short head"))?),
+        })
+    }
+}
+
+fn invalid(msg: impl Into<String>) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg.into())
+}
+
+/// Reads a frame's head and its header (at most `max_header` bytes). `Ok(None)` when the
+/// stream ends cleanly before the frame's first byte.
+pub async fn read_head<R: AsyncRead + Unpin>(
+    r: &mut R,
+    max_header: usize,
+) -> io::Result<Option<(Head, Vec<u8>)>> {
+    let mut b = [0u8; HEAD_LEN];
+    let n = r.read(&mut b).await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    r.read_exact(&mut b[n..]).await?;
+    let head = Head::decode(&b)?;
+    let len = head.header_len as usize;
+    if len > max_header {
+        return Err(invalid(format!(
+            "a bulk header of {len} bytes is over the limit of {max_header}"
+        )));
+    }
+    let mut header = vec![0u8; len];
+    r.read_exact(&mut header).await?;
+    Ok(Some((head, header)))
+}
+
+/// Writes a frame: its head and header in one write, then each part of its body.
+pub async fn write_frame<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: u32,
+    header: &[u8],
+    body: &[Bytes],
+) -> io::Result<()> {
+    let header_len = u32::try_from(header.len())
+        .map_err(|_| invalid(format!("a header of {} bytes", header.len())))?;
+    let head = Head {
+        kind,
+        header_len,
+        body_len: body.iter().map(|b| b.len() as u64).sum(),
+    };
+    let mut first = Vec::with_capacity(HEAD_LEN + header.len());
+    first.extend_from_slice(&head.encode());
+    first.extend_from_slice(header);
+    w.write_all(&first).await?;
+    for part in body {
+        w.write_all(part).await?;
+    }
+    w.flush().await
+}
+
+/// Moves every slice's payload data out, leaving it empty: the header's slices, and the
+/// body's parts in slice order.
+pub fn take_slice_data(slices: &mut [pb::DenseSlice]) -> Vec<Bytes> {
+    slices
+        .iter_mut()
+        .filter_map(|s| s.values.as_mut().map(|v| std::mem::take(&mut v.data)))
+        .collect()
+}
+
+/// The body a header's slices call for, in bytes: each slice must hold an uncompressed
+/// `ENCODING_F32` payload, the one encoding the bulk stream carries.
+pub fn f32_body_len(slices: &[pb::DenseSlice]) -> Result<u64, String> {
+    let mut total = 0u64;
+    for (i, s) in slices.iter().enumerate() {
+        let v = s
+            .values
+            .as_ref()
+            .ok_or_else(|| format!("slices[{i}]: a slice needs its values"))?;
+        if v.encoding() != pb::Encoding::F32 || v.compression() != pb::Compression::None {
+            return Err(format!(
+                "slices[{i}]: the bulk stream carries uncompressed ENCODING_F32 only (got {:?}, {:?}); \
+                 send other encodings through gRPC",
+                v.encoding(),
+                v.compression()
+            ));
+        }
+        if !v.data.is_empty() {
+            return Err(format!(
+                "slices[{i}]: a bulk header's payloads are empty; their data is the body"
+            ));
+        }
+        total = v
+            .num_values
+            .checked_mul(4)
+            .and_then(|b| total.checked_add(b))
+            .ok_or_else(|| format!("slices[{i}]: {} values overflow", v.num_values))?;
+    }
+    Ok(total)
+}
+
+/// Gives each slice its data from `body` (split, not copied); `body` holds exactly what
+/// [`f32_body_len`] asked for.
+pub fn put_slice_data(slices: &mut [pb::DenseSlice], mut body: Bytes) {
+    for v in slices.iter_mut().filter_map(|s| s.values.as_mut()) {
+        let len = usize::try_from(v.num_values.saturating_mul(4))
+            .unwrap_or(usize::MAX)
+            .min(body.len());
+        v.data = body.split_to(len);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_slice(chunk: u64, values: &[f32]) -> pb::DenseSlice {
+        pb::DenseSlice {
+            chunk,
+            values: Some(pb::Payload {
+                encoding: pb::Encoding::F32 as i32,
+                num_values: values.len() as u64,
+                data: values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+                ..Default::default()
+            }),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_frame_round_trips_and_splits_back_into_its_slices() {
+        let mut slices = vec![f32_slice(3, &[1.0, 2.0]), f32_slice(5, &[-0.5])];
+        let want = slices.clone();
+        let body = take_slice_data(&mut slices);
+        assert_eq!(f32_body_len(&slices), Ok(12));
+        let header = prost::Message::encode_to_vec(&pb::PushDenseRequest {
+            table: "w".into(),
+            slices,
+            ..Default::default()
+        });
+        let mut wire = Vec::new();
+        write_frame(&mut wire, PUSH_DENSE, &header, &body)
+            .await
+            .unwrap();
+        assert_eq!(wire.len(), HEAD_LEN + header.len() + 12);
+
+        let mut r = wire.as_slice();
+        let (head, got) = read_head(&mut r, 1 << 10).await.unwrap().unwrap();
+        assert_eq!((head.kind, head.body_len), (PUSH_DENSE, 12));
+        let mut req: pb::PushDenseRequest = prost::Message::decode(got.as_slice()).unwrap();
+        put_slice_data(&mut req.slices, Bytes::copy_from_slice(r));
+        assert_eq!(req.slices, want);
+        // The stream ends cleanly after the frame.
+        assert!(read_head(&mut &r[12..], 1 << 10).await.unwrap().is_none());
+    }
+
+    #[tokio::test]
+    async fn a_stream_that_is_not_bulk_or_has_a_huge_header_is_refused() {
+        let e = read_head(&mut &b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"[..], 1 << 10)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+        assert!(e.to_string().contains("not a bulk frame"), "{e}");
+        let head = Head {
+            kind: PULL_DENSE,
+            header_len: 1 << 20,
+            body_len: 0,
+        };
+        let e = read_head(&mut &head.encode()[..], 1 << 10)
+            .await
+            .unwrap_err();
+        assert!(e.to_string().contains("over the limit"), "{e}");
+        // Cut short inside the head: an error, not a clean end.
+        let e = read_head(&mut &head.encode()[..7], 1 << 10)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[test]
+    fn only_empty_uncompressed_f32_payloads_fit_a_bulk_header() {
+        let mut s = vec![f32_slice(0, &[1.0])];
+        let e = f32_body_len(&s).unwrap_err();
+        assert!(e.contains("empty"), "{e}");
+        take_slice_data(&mut s);
+        if let Some(v) = s[0].values.as_mut() {
+            v.encoding = pb::Encoding::F16 as i32;
+        }
+        let e = f32_body_len(&s).unwrap_err();
+        assert!(e.contains("through gRPC"), "{e}");
+        s[0].values = None;
+        assert!(f32_body_len(&s).unwrap_err().contains("needs its values"));
+    }
+}
