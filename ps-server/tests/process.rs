@@ -118,9 +118,10 @@ async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
     // Restart on the same data dir and port.
     let port = addr.rsplit(':').next().unwrap().to_owned();
     let mut server = spawn(dir.path(), &format!("127.0.0.1:{port}"), &[]);
-    let ps2 = PsClient::connect(client_config(&server.addr))
-        .await
-        .unwrap();
+    // Without lz4, which would shrink the constant gradients below and send them by gRPC.
+    let mut cfg = client_config(&server.addr);
+    cfg.codec.push.lz4.enabled = false;
+    let ps2 = PsClient::connect(cfg).await.unwrap();
     assert_eq!(
         ps2.pull_sparse("counts", &ids).await.unwrap(),
         vec![30.0; ids.len()]
@@ -146,6 +147,25 @@ async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
             duplicates
         })
     };
+    // Dense pushes go by the bulk stream, and keep going until told to stop after the restart.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let dense_pusher = {
+        let (ps, stop) = (ps2.clone(), stop.clone());
+        tokio::spawn(async move {
+            let mut acked = 0u32;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                ps.push_dense("w", &vec![-0.5; 300_000]).await.unwrap();
+                acked += 1;
+            }
+            acked
+        })
+    };
+    let bulk_calls = ps2.stats().await.unwrap()[0].bulk_calls;
+    ps2.push_dense("w", &vec![0.0; 300_000]).await.unwrap();
+    assert!(
+        ps2.stats().await.unwrap()[0].bulk_calls > bulk_calls,
+        "dense pushes take the bulk stream"
+    );
     while acked.load(std::sync::atomic::Ordering::SeqCst) < 20 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -166,6 +186,21 @@ async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
     eprintln!(
         "killed after {acked_at_kill} of {TOTAL} pushes; retries recognised as applied: {duplicates}"
     );
+    // The restarted shard listens for the bulk stream on a new port: the client asks for it
+    // after its first failed connect and goes back to the bulk stream.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while ps2.stats().await.unwrap()[0].bulk_calls < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the client never went back to the restarted shard's bulk stream"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let dense_acked = dense_pusher.await.unwrap();
+    // Every acknowledged dense push applied once, none lost in the kill: w = 0.5 + 0.5 n.
+    let w = ps2.pull_dense("w").await.unwrap();
+    assert_eq!(w, vec![0.5 + 0.5 * dense_acked as f32; 300_000]);
     server.child.kill().unwrap();
     server.child.wait().unwrap();
 }

@@ -4,12 +4,14 @@
 //!
 //! Failures read as gRPC's do, so the caller's retry and exactly-once logic stays the same: a
 //! shard's refusal is its status; a connection that breaks under a call is `unavailable` (a
-//! push is then retried under its sequence number and applied once). A shard whose bulk port
-//! cannot be reached at all is left to gRPC from then on ([`BulkPool::stream`] says `None`).
+//! push is then retried under its sequence number and applied once); a call past the client's
+//! request timeout is `deadline_exceeded`. When the bulk port cannot be reached, the call goes
+//! through gRPC ([`BulkPool::stream`] says `None`), the port is asked for again (a shard that
+//! restarts on a system-picked port has a new one) and the bulk stream is tried again later.
 
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
+use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use prost::Message;
@@ -22,36 +24,72 @@ use tonic::Status;
 /// Connections kept idle per shard.
 const MAX_IDLE: usize = 32;
 
+/// After a failed connect, how long calls go through gRPC before the bulk port is tried again.
+const RETRY_AFTER: Duration = Duration::from_secs(5);
+
 /// The bulk connections to one shard.
 #[derive(Debug)]
 pub(crate) struct BulkPool {
-    /// `host:port`.
-    addr: String,
+    /// The host of the shard's gRPC endpoint, as `host:port` wants it.
+    host: String,
+    /// The shard's bulk port; 0 when it offers none.
+    port: AtomicU16,
     connect_timeout: Duration,
+    request_timeout: Option<Duration>,
     idle: Mutex<Vec<TcpStream>>,
-    /// Set once a connection could not be made: gRPC carries everything from then on.
-    unreachable: AtomicBool,
+    /// After a failed connect: no attempt before this time.
+    retry_at: Mutex<Option<Instant>>,
+    /// A connect failed: the shard should be asked for its port again.
+    wants_port: AtomicBool,
 }
 
 /// A destination of pulled values: one chunk's place in the caller's tensor.
 pub(crate) type Dst<'a> = (u64, &'a mut [f32]);
 
 impl BulkPool {
-    /// The pool for the bulk port `port` of the shard whose gRPC endpoint is `endpoint`.
-    pub(crate) fn new(endpoint: &str, port: u16, connect_timeout: Duration) -> Option<Self> {
+    /// The pool for the bulk port `port` of the shard whose gRPC endpoint is `endpoint`, with
+    /// the client's timeouts.
+    pub(crate) fn new(
+        endpoint: &str,
+        port: u16,
+        connect_timeout: Duration,
+        request_timeout: Option<Duration>,
+    ) -> Option<Self> {
         let uri: http::Uri = endpoint.parse().ok()?;
-        let host = uri.host()?;
-        // An IPv6 host comes bracketed in a URI and must stay so in host:port.
+        // An IPv6 host comes bracketed in a URI and stays so in host:port.
+        let host = uri.host()?.to_owned();
         Some(Self {
-            addr: format!("{host}:{port}"),
+            host,
+            port: AtomicU16::new(port),
             connect_timeout,
+            request_timeout,
             idle: Mutex::new(Vec::new()),
-            unreachable: AtomicBool::new(false),
+            retry_at: Mutex::new(None),
+            wants_port: AtomicBool::new(false),
         })
     }
 
+    /// Whether a call may try the bulk stream now.
     pub(crate) fn usable(&self) -> bool {
-        !self.unreachable.load(Ordering::Relaxed)
+        self.port.load(Ordering::Relaxed) != 0
+            && self.retry_at.lock().is_none_or(|t| Instant::now() >= t)
+    }
+
+    /// Whether a connect failed since the shard last told its port.
+    pub(crate) fn wants_port(&self) -> bool {
+        self.wants_port.load(Ordering::Relaxed)
+    }
+
+    /// The port the shard reports now; a new one may be tried at once.
+    pub(crate) fn set_port(&self, port: u16) {
+        self.wants_port.store(false, Ordering::Relaxed);
+        if self.port.swap(port, Ordering::Relaxed) != port {
+            *self.retry_at.lock() = None;
+        }
+    }
+
+    fn addr(&self) -> String {
+        format!("{}:{}", self.host, self.port.load(Ordering::Relaxed))
     }
 
     /// An idle connection or a new one; `None` when the shard's bulk port cannot be reached.
@@ -59,20 +97,19 @@ impl BulkPool {
         if let Some(s) = self.idle.lock().pop() {
             return Some(s);
         }
-        match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&self.addr)).await {
+        let addr = self.addr();
+        let why = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&addr)).await
+        {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
-                Some(s)
+                return Some(s);
             }
-            Ok(Err(e)) => self.give_up(&e.to_string()),
-            Err(_) => self.give_up("connect timed out"),
-        }
-    }
-
-    fn give_up(&self, why: &str) -> Option<TcpStream> {
-        if !self.unreachable.swap(true, Ordering::Relaxed) {
-            tracing::warn!(addr = %self.addr, error = why, "shard's bulk stream unreachable; using gRPC only");
-        }
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "connect timed out".to_owned(),
+        };
+        tracing::info!(%addr, error = why, "shard's bulk stream unreachable; using gRPC for now");
+        *self.retry_at.lock() = Some(Instant::now() + RETRY_AFTER);
+        self.wants_port.store(true, Ordering::Relaxed);
         None
     }
 
@@ -93,16 +130,17 @@ impl BulkPool {
             return Ok(None);
         };
         let body = bulk::take_slice_data(&mut req.slices);
-        let answer = async {
-            bulk::write_frame(&mut s, bulk::PUSH_DENSE, &req.encode_to_vec(), &body).await?;
-            let (head, header) = read_answer(&mut s).await?;
-            if head.body_len != 0 {
-                return Err(protocol("a push answer with a body"));
-            }
-            Ok(header)
-        }
-        .await
-        .map_err(|e| self.broken(e))?;
+        let answer = self
+            .timed(async {
+                bulk::write_frame(&mut s, bulk::PUSH_DENSE, &req.encode_to_vec(), &body).await?;
+                let (head, header) = read_answer(&mut s).await?;
+                if head.body_len != 0 {
+                    return Err(protocol("a push answer with a body"));
+                }
+                Ok(header)
+            })
+            .await
+            .map_err(|e| self.broken(e))?;
         // A refusal leaves the stream in place for the next call, as an answer does.
         self.keep(s);
         let header = status_of(answer)?;
@@ -121,36 +159,53 @@ impl BulkPool {
         let Some(mut s) = self.stream().await else {
             return Ok(None);
         };
-        let answered = async {
-            bulk::write_frame(&mut s, bulk::PULL_DENSE, &req.encode_to_vec(), &[]).await?;
-            let (head, header) = read_answer(&mut s).await?;
-            let header = match status_of(header) {
-                Ok(h) => h,
-                // A refusal has no body; the stream stays usable.
-                Err(status) => return Ok(Err(status)),
-            };
-            let resp = pb::PullDenseResponse::decode(header.as_slice())
-                .map_err(|e| protocol(format!("pull answer does not decode: {e}")))?;
-            check_pull(&resp, head.body_len, dsts).map_err(protocol)?;
-            for (_, dst) in dsts.iter_mut() {
-                s.read_exact(bytemuck::cast_slice_mut(dst)).await?;
-                from_le(dst);
-            }
-            Ok(Ok(()))
-        }
-        .await
-        .map_err(|e| self.broken(e))?;
+        let answered = self
+            .timed(async {
+                bulk::write_frame(&mut s, bulk::PULL_DENSE, &req.encode_to_vec(), &[]).await?;
+                let (head, header) = read_answer(&mut s).await?;
+                let header = match status_of(header) {
+                    Ok(h) => h,
+                    // A refusal has no body; the stream stays usable.
+                    Err(status) => return Ok(Err(status)),
+                };
+                let resp = pb::PullDenseResponse::decode(header.as_slice())
+                    .map_err(|e| protocol(format!("pull answer does not decode: {e}")))?;
+                check_pull(&resp, head.body_len, dsts).map_err(protocol)?;
+                for (_, dst) in dsts.iter_mut() {
+                    s.read_exact(bytemuck::cast_slice_mut(dst)).await?;
+                    from_le(dst);
+                }
+                Ok(Ok(()))
+            })
+            .await
+            .map_err(|e| self.broken(e))?;
         self.keep(s);
         answered.map(Some)
     }
 
-    /// A connection that failed under a call: dropped, and `unavailable` (retried by the
-    /// caller). Framing errors are the shard's fault and are not retried.
-    fn broken(&self, e: io::Error) -> Status {
-        if e.kind() == io::ErrorKind::InvalidData {
-            return Status::internal(format!("bulk stream to {}: {e}", self.addr));
+    /// Runs one call's I/O under the client's request timeout.
+    async fn timed<T>(&self, call: impl Future<Output = io::Result<T>>) -> io::Result<T> {
+        match self.request_timeout {
+            Some(t) => tokio::time::timeout(t, call)
+                .await
+                .unwrap_or_else(|_| Err(io::ErrorKind::TimedOut.into())),
+            None => call.await,
         }
-        Status::unavailable(format!("bulk stream to {} broke: {e}", self.addr))
+    }
+
+    /// A connection that failed under a call: dropped with every idle one (a shard that went
+    /// away took them all), and `unavailable`, which the caller retries. A timeout is
+    /// `deadline_exceeded`, as gRPC says it; framing errors are the shard's fault.
+    fn broken(&self, e: io::Error) -> Status {
+        self.idle.lock().clear();
+        let addr = self.addr();
+        match e.kind() {
+            io::ErrorKind::InvalidData => Status::internal(format!("bulk stream to {addr}: {e}")),
+            io::ErrorKind::TimedOut => Status::deadline_exceeded(format!(
+                "bulk call to {addr} took longer than the request timeout"
+            )),
+            _ => Status::unavailable(format!("bulk stream to {addr} broke: {e}")),
+        }
     }
 }
 

@@ -216,6 +216,17 @@ impl Shard {
     fn bulk(&self) -> Option<&BulkPool> {
         self.bulk.as_deref().filter(|b| b.usable())
     }
+
+    /// After the bulk port could not be reached: asks the shard for it again (a shard that
+    /// restarted on a system-picked port has a new one). One cheap call, made only then.
+    async fn rediscover_bulk(&mut self) {
+        if let Some(b) = &self.bulk
+            && b.wants_port()
+            && let Ok(info) = self.grpc.shard_info(pb::ShardInfoRequest {}).await
+        {
+            b.set_port(u16::try_from(info.into_inner().bulk_port).unwrap_or(0));
+        }
+    }
 }
 
 fn table_name(name: &str) -> Result<TableName, ClientError> {
@@ -304,7 +315,12 @@ impl PsClient {
             for (shard, info) in this.shards.get_mut().iter_mut().zip(&this.infos) {
                 shard.bulk = (info.bulk_port != 0)
                     .then(|| {
-                        BulkPool::new(&info.endpoint, info.bulk_port, this.cfg.connect_timeout)
+                        BulkPool::new(
+                            &info.endpoint,
+                            info.bulk_port,
+                            this.cfg.connect_timeout,
+                            this.cfg.request_timeout,
+                        )
                     })
                     .flatten()
                     .map(Arc::new);
@@ -614,6 +630,7 @@ impl PsClient {
                         {
                             return Ok(answer);
                         }
+                        s.rediscover_bulk().await;
                         s.grpc
                             .push_dense(req)
                             .await
@@ -751,6 +768,7 @@ impl PsClient {
                             {
                                 return Ok(Ok(()));
                             }
+                            s.rediscover_bulk().await;
                             let resp = s.grpc.pull_dense(req).await?.into_inner();
                             Ok(place_slices(resp.slices, &mut dsts))
                         }
