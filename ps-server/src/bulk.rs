@@ -51,7 +51,7 @@ pub async fn serve<S: Store>(
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
             accepted = listener.accept() => match accepted {
                 Ok((sock, _)) => {
-                    metrics::counter!("ps_bulk_connections_total").increment(1);
+                    crate::metrics::bulk_connection();
                     conns.spawn(connection(sock, svc.clone(), opts.max_request_bytes, closing.clone()));
                 }
                 Err(e) => {

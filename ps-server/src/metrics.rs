@@ -57,6 +57,10 @@ pub fn describe() {
         "ps_dense_image_bytes_total",
         "Bytes of dense-cell images written into the dense log."
     );
+    describe_counter!(
+        "ps_bulk_connections_total",
+        "Connections accepted on the bulk stream."
+    );
     describe_histogram!(
         "ps_store_write_seconds",
         "Time of one durable write (WAL, and fsync with --sync)."
@@ -115,4 +119,8 @@ pub fn dense_snapshot(bytes: usize, took: Duration) {
 pub fn dense_image(bytes: u64, took: Duration) {
     counter!("ps_dense_image_bytes_total").increment(bytes);
     histogram!("ps_dense_image_seconds").record(took.as_secs_f64());
+}
+
+pub fn bulk_connection() {
+    counter!("ps_bulk_connections_total").increment(1);
 }
