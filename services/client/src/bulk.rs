@@ -48,10 +48,10 @@ pub(crate) type Dst<'a> = (u64, &'a mut [f32]);
 
 impl BulkPool {
     /// The pool for the bulk port `port` of the shard whose gRPC endpoint is `endpoint`, with
-    /// the client's timeouts.
+    /// the client's timeouts; `None`: not known yet, asked for on the shard's next gRPC call.
     pub(crate) fn new(
         endpoint: &str,
-        port: u16,
+        port: Option<u16>,
         connect_timeout: Duration,
         request_timeout: Option<Duration>,
     ) -> Option<Self> {
@@ -60,12 +60,12 @@ impl BulkPool {
         let host = uri.host()?.to_owned();
         Some(Self {
             host,
-            port: AtomicU16::new(port),
+            port: AtomicU16::new(port.unwrap_or(0)),
             connect_timeout,
             request_timeout,
             idle: Mutex::new(Vec::new()),
             retry_at: Mutex::new(None),
-            wants_port: AtomicBool::new(false),
+            wants_port: AtomicBool::new(port.is_none()),
         })
     }
 

@@ -311,19 +311,14 @@ impl PsClient {
                 bulk_port: u16::try_from(i.bulk_port).unwrap_or(0),
             })
             .collect();
-        if this.cfg.bulk && this.link.is_none() {
-            for (shard, info) in this.shards.get_mut().iter_mut().zip(&this.infos) {
-                shard.bulk = (info.bulk_port != 0)
-                    .then(|| {
-                        BulkPool::new(
-                            &info.endpoint,
-                            info.bulk_port,
-                            this.cfg.connect_timeout,
-                            this.cfg.request_timeout,
-                        )
-                    })
-                    .flatten()
-                    .map(Arc::new);
+        for (shard, info) in this.shards.get_mut().iter_mut().zip(&this.infos) {
+            if info.bulk_port != 0 {
+                shard.bulk = bulk_pool(
+                    &this.cfg,
+                    this.link.as_ref(),
+                    &info.endpoint,
+                    Some(info.bulk_port),
+                );
             }
         }
         // Never build a request the smallest server limit would refuse (leave room for framing).
@@ -1305,13 +1300,13 @@ impl Inner {
         let mut shards = self.shards.read().clone();
         for (slot, ep) in shards.iter_mut().zip(endpoints) {
             if slot.endpoint != ep {
-                // The moved shard's bulk port is not known: gRPC carries all of its calls.
+                // The moved shard's bulk port is asked for on its first call, which goes by gRPC.
                 match shard_client(&self.cfg, self.link.clone(), &ep) {
                     Ok(grpc) => {
                         *slot = Shard {
+                            bulk: bulk_pool(&self.cfg, self.link.as_ref(), &ep, None),
                             endpoint: ep,
                             grpc,
-                            bulk: None,
                         }
                     }
                     Err(e) => {
@@ -1350,6 +1345,20 @@ impl Inner {
     {
         futures::future::try_join_all((0..self.num_shards).map(|s| self.call(s, &f))).await
     }
+}
+
+/// The bulk-stream pool for the shard at `ep` (its port, or `None` to ask for it), unless the
+/// client keeps to gRPC.
+fn bulk_pool(
+    cfg: &ClientConfig,
+    link: Option<&Arc<Link>>,
+    ep: &str,
+    port: Option<u16>,
+) -> Option<Arc<BulkPool>> {
+    if !cfg.bulk || link.is_some() {
+        return None;
+    }
+    BulkPool::new(ep, port, cfg.connect_timeout, cfg.request_timeout).map(Arc::new)
 }
 
 /// A lazily connected client for the shard at `ep`, with the windows and limits every shard
