@@ -43,20 +43,17 @@ impl Head {
     /// Parses a head; anything not starting with the magic is `InvalidData` (the stream is not
     /// a bulk stream, or lost its place, and must be closed).
     pub fn decode(b: &[u8; HEAD_LEN]) -> io::Result<Self> {
-        let (magic, rest) = b.split_at(4);
+        let magic = &b[..4];
         if magic != MAGIC {
             return Err(invalid(format!(
                 "not a bulk frame: it starts with {magic:02x?}, not {MAGIC:02x?}"
             )));
         }
-        let (kind, rest) = rest.split_at(4);
-        let (header_len, body_len) = rest.split_at(4);
+        let word = |i: usize| u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]]);
         Ok(Self {
-            kind: u32::from_le_bytes(kind.try_into().map_err(|_| invalid("short head"))?),
-            header_len: u32::from_le_bytes(
-                header_len.try_into().map_err(|_| invalid("short head"))?,
-            ),
-            body_len: u64::from_le_bytes(body_len.try_into().map_err(|_| invalid("short head"))?),
+            kind: word(4),
+            header_len: word(8),
+            body_len: u64::from(word(12)) | u64::from(word(16)) << 32,
         })
     }
 }

@@ -129,37 +129,13 @@ async fn call<S: Store>(
 ) -> io::Result<Answer> {
     match head.kind {
         bulk::PUSH_DENSE => {
-            let mut req = match pb::PushDenseRequest::decode(header) {
+            let mut req = match push_header(head, header, max_request_bytes) {
                 Ok(r) => r,
-                Err(e) => {
+                Err(refused) => {
                     discard(sock, head.body_len).await?;
-                    return Ok(Err(Status::invalid_argument(format!(
-                        "bulk PushDense header does not decode: {e}"
-                    ))));
+                    return Ok(Err(refused));
                 }
             };
-            match bulk::f32_body_len(&req.slices) {
-                Ok(want) if want != head.body_len => {
-                    discard(sock, head.body_len).await?;
-                    return Ok(Err(Status::invalid_argument(format!(
-                        "the slices hold {want} bytes of f32 values but the body is {} bytes",
-                        head.body_len
-                    ))));
-                }
-                Err(e) => {
-                    discard(sock, head.body_len).await?;
-                    return Ok(Err(Status::invalid_argument(e)));
-                }
-                Ok(_) => {}
-            }
-            let len = head.body_len.saturating_add(header.len() as u64);
-            if len > max_request_bytes as u64 {
-                discard(sock, head.body_len).await?;
-                return Ok(Err(Status::resource_exhausted(format!(
-                    "request too large: {len} bytes, over the shard's limit of {max_request_bytes}; \
-                     send smaller requests or raise the server's --max-request-bytes"
-                ))));
-            }
             let body = read_body(sock, head.body_len as usize).await?;
             bulk::put_slice_data(&mut req.slices, body);
             Ok(svc
@@ -169,27 +145,10 @@ async fn call<S: Store>(
         }
         bulk::PULL_DENSE => {
             discard(sock, head.body_len).await?;
-            let req = match pb::PullDenseRequest::decode(header) {
+            let req = match pull_header(head, header) {
                 Ok(r) => r,
-                Err(e) => {
-                    return Ok(Err(Status::invalid_argument(format!(
-                        "bulk PullDense header does not decode: {e}"
-                    ))));
-                }
+                Err(refused) => return Ok(Err(refused)),
             };
-            if head.body_len != 0 {
-                return Ok(Err(Status::invalid_argument(
-                    "a bulk PullDense has no body",
-                )));
-            }
-            if !matches!(req.accept(), pb::Encoding::F32 | pb::Encoding::Unspecified)
-                || req.delta.is_some()
-            {
-                return Ok(Err(Status::invalid_argument(
-                    "the bulk stream answers plain f32 pulls only; pull other encodings and \
-                     deltas through gRPC",
-                )));
-            }
             Ok(match svc.pull_dense(Request::new(req)).await {
                 Ok(r) => {
                     let mut r = r.into_inner();
@@ -209,6 +168,50 @@ async fn call<S: Store>(
             ))))
         }
     }
+}
+
+/// A push's header, checked against its body before the body is read.
+fn push_header(
+    head: Head,
+    header: &[u8],
+    max_request_bytes: usize,
+) -> Result<pb::PushDenseRequest, Status> {
+    let req = pb::PushDenseRequest::decode(header).map_err(|e| {
+        Status::invalid_argument(format!("bulk PushDense header does not decode: {e}"))
+    })?;
+    let want = bulk::f32_body_len(&req.slices).map_err(Status::invalid_argument)?;
+    if want != head.body_len {
+        return Err(Status::invalid_argument(format!(
+            "the slices hold {want} bytes of f32 values but the body is {} bytes",
+            head.body_len
+        )));
+    }
+    let len = head.body_len.saturating_add(header.len() as u64);
+    if len > max_request_bytes as u64 {
+        return Err(Status::resource_exhausted(format!(
+            "request too large: {len} bytes, over the shard's limit of {max_request_bytes}; \
+             send smaller requests or raise the server's --max-request-bytes"
+        )));
+    }
+    Ok(req)
+}
+
+/// A pull's header: plain f32, no body.
+fn pull_header(head: Head, header: &[u8]) -> Result<pb::PullDenseRequest, Status> {
+    let req = pb::PullDenseRequest::decode(header).map_err(|e| {
+        Status::invalid_argument(format!("bulk PullDense header does not decode: {e}"))
+    })?;
+    if head.body_len != 0 {
+        return Err(Status::invalid_argument("a bulk PullDense has no body"));
+    }
+    if !matches!(req.accept(), pb::Encoding::F32 | pb::Encoding::Unspecified) || req.delta.is_some()
+    {
+        return Err(Status::invalid_argument(
+            "the bulk stream answers plain f32 pulls only; pull other encodings and deltas \
+             through gRPC",
+        ));
+    }
+    Ok(req)
 }
 
 /// Reads exactly `len` bytes of body into one buffer, without zeroing it first.

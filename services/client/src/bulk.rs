@@ -133,17 +133,17 @@ impl BulkPool {
         let answer = self
             .timed(async {
                 bulk::write_frame(&mut s, bulk::PUSH_DENSE, &req.encode_to_vec(), &body).await?;
-                let (head, header) = read_answer(&mut s).await?;
-                if head.body_len != 0 {
+                let (body_len, answer) = read_answer(&mut s).await?;
+                if body_len != 0 {
                     return Err(protocol("a push answer with a body"));
                 }
-                Ok(header)
+                Ok(answer)
             })
             .await
             .map_err(|e| self.broken(e))?;
         // A refusal leaves the stream in place for the next call, as an answer does.
         self.keep(s);
-        let header = status_of(answer)?;
+        let header = answer?;
         pb::PushResponse::decode(header.as_slice())
             .map(Some)
             .map_err(|e| Status::internal(format!("bulk push answer does not decode: {e}")))
@@ -162,15 +162,15 @@ impl BulkPool {
         let answered = self
             .timed(async {
                 bulk::write_frame(&mut s, bulk::PULL_DENSE, &req.encode_to_vec(), &[]).await?;
-                let (head, header) = read_answer(&mut s).await?;
-                let header = match status_of(header) {
+                let (body_len, answer) = read_answer(&mut s).await?;
+                let header = match answer {
                     Ok(h) => h,
                     // A refusal has no body; the stream stays usable.
                     Err(status) => return Ok(Err(status)),
                 };
                 let resp = pb::PullDenseResponse::decode(header.as_slice())
                     .map_err(|e| protocol(format!("pull answer does not decode: {e}")))?;
-                check_pull(&resp, head.body_len, dsts).map_err(protocol)?;
+                check_pull(&resp, body_len, dsts).map_err(protocol)?;
                 for (_, dst) in dsts.iter_mut() {
                     s.read_exact(bytemuck::cast_slice_mut(dst)).await?;
                     from_le(dst);
@@ -213,25 +213,20 @@ fn protocol(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-/// The answer frame kept as (head, header), with the status code folded into the header's
-/// meaning: see [`status_of`].
-async fn read_answer(s: &mut TcpStream) -> io::Result<(bulk::Head, (u32, Vec<u8>))> {
+/// Reads an answer's head and header: the body's length, and the header of an OK answer or
+/// the status a refusal carries (a refusal has no body).
+async fn read_answer(s: &mut TcpStream) -> io::Result<(u64, Result<Vec<u8>, Status>)> {
     let (head, header) = bulk::read_head(s, 64 << 20)
         .await?
         .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
-    if head.kind != 0 && head.body_len != 0 {
+    if head.kind == 0 {
+        return Ok((head.body_len, Ok(header)));
+    }
+    if head.body_len != 0 {
         return Err(protocol("a refusal with a body"));
     }
-    Ok((head, (head.kind, header)))
-}
-
-/// The header of an OK answer, or the status a refusal carries.
-fn status_of((code, header): (u32, Vec<u8>)) -> Result<Vec<u8>, Status> {
-    if code == 0 {
-        return Ok(header);
-    }
-    let code = i32::try_from(code).map_or(tonic::Code::Unknown, tonic::Code::from_i32);
-    Err(Status::new(code, String::from_utf8_lossy(&header)))
+    let code = i32::try_from(head.kind).map_or(tonic::Code::Unknown, tonic::Code::from_i32);
+    Ok((0, Err(Status::new(code, String::from_utf8_lossy(&header)))))
 }
 
 /// Checks that a pull's answer is what was asked: one plain-f32 slice per requested chunk, in
