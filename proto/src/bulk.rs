@@ -119,6 +119,11 @@ pub fn take_slice_data(slices: &mut [pb::DenseSlice]) -> Vec<Bytes> {
         .collect()
 }
 
+/// Whether a payload is what the bulk stream carries: uncompressed `ENCODING_F32`.
+pub fn is_plain_f32(p: &pb::Payload) -> bool {
+    p.encoding() == pb::Encoding::F32 && p.compression() == pb::Compression::None
+}
+
 /// The body a header's slices call for, in bytes: each slice must hold an uncompressed
 /// `ENCODING_F32` payload, the one encoding the bulk stream carries.
 pub fn f32_body_len(slices: &[pb::DenseSlice]) -> Result<u64, String> {
@@ -128,7 +133,7 @@ pub fn f32_body_len(slices: &[pb::DenseSlice]) -> Result<u64, String> {
             .values
             .as_ref()
             .ok_or_else(|| format!("slices[{i}]: a slice needs its values"))?;
-        if v.encoding() != pb::Encoding::F32 || v.compression() != pb::Compression::None {
+        if !is_plain_f32(v) {
             return Err(format!(
                 "slices[{i}]: the bulk stream carries uncompressed ENCODING_F32 only (got {:?}, {:?}); \
                  send other encodings through gRPC",

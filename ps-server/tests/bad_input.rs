@@ -768,61 +768,45 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
 
     // Bad input: each refused with its code and reason, nothing applied, the stream usable.
     let one = &chunks[..1];
-    bulk_refused(
-        Code::NotFound,
-        "nope",
-        bulk_call(
-            &mut sock,
-            PUSH_DENSE,
-            &push("nope", push_id(), one, pb::Encoding::F32),
-            &grad[..1],
-        )
-        .await,
-    );
-    bulk_refused(
-        Code::InvalidArgument,
-        "body",
-        bulk_call(
-            &mut sock,
-            PUSH_DENSE,
-            &push("d4", push_id(), one, pb::Encoding::F32),
-            &[values(&[1.0; 3])],
-        )
-        .await,
-    );
-    bulk_refused(
-        Code::InvalidArgument,
-        "through gRPC",
-        bulk_call(
-            &mut sock,
-            PUSH_DENSE,
-            &push("d4", push_id(), one, pb::Encoding::F16),
-            &[values(&[1.0; 2])],
-        )
-        .await,
-    );
-    bulk_refused(
-        Code::InvalidArgument,
-        "NaN",
-        bulk_call(
-            &mut sock,
-            PUSH_DENSE,
-            &push("d4", push_id(), one, pb::Encoding::F32),
-            &[values(&[1.0, f32::NAN, 0.0, 0.0])],
-        )
-        .await,
-    );
-    bulk_refused(
-        Code::InvalidArgument,
-        "push_id",
-        bulk_call(
-            &mut sock,
-            PUSH_DENSE,
-            &push("d4", None, one, pb::Encoding::F32),
-            &grad[..1],
-        )
-        .await,
-    );
+    let bad_pushes = [
+        (
+            Code::NotFound,
+            "nope",
+            push("nope", push_id(), one, pb::Encoding::F32),
+            grad[0].clone(),
+        ),
+        (
+            Code::InvalidArgument,
+            "body",
+            push("d4", push_id(), one, pb::Encoding::F32),
+            values(&[1.0; 3]),
+        ),
+        (
+            Code::InvalidArgument,
+            "through gRPC",
+            push("d4", push_id(), one, pb::Encoding::F16),
+            values(&[1.0; 2]),
+        ),
+        (
+            Code::InvalidArgument,
+            "NaN",
+            push("d4", push_id(), one, pb::Encoding::F32),
+            values(&[1.0, f32::NAN, 0.0, 0.0]),
+        ),
+        (
+            Code::InvalidArgument,
+            "push_id",
+            push("d4", None, one, pb::Encoding::F32),
+            grad[0].clone(),
+        ),
+    ];
+    for (code, hint, req, body) in bad_pushes {
+        bulk_refused(
+            code,
+            hint,
+            bulk_call(&mut sock, PUSH_DENSE, &req, &[body]).await,
+        );
+    }
     // 2 MiB of values against a 1 MiB limit: refused, its body read and dropped.
     let mut big = push("big", push_id(), &[0, 1], pb::Encoding::F32);
     for s in &mut big.slices {

@@ -605,12 +605,9 @@ impl PsClient {
             .map(|(i, shard, slices)| {
                 let table = table.clone();
                 // Plain f32 travels by the bulk stream where the shard has one.
-                let plain = slices.iter().all(|s| {
-                    s.values.as_ref().is_some_and(|v| {
-                        v.encoding() == pb::Encoding::F32
-                            && v.compression() == pb::Compression::None
-                    })
-                });
+                let plain = slices
+                    .iter()
+                    .all(|s| s.values.as_ref().is_some_and(ps_proto::bulk::is_plain_f32));
                 let call = self.inner.push(shard, move |mut s, push_id, map_epoch| {
                     let req = pb::PushDenseRequest {
                         table: table.clone(),
