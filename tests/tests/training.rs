@@ -8,7 +8,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use ps_worker::local::{Cluster, LocalArgs};
+use ps_cli::local::{Cluster, LocalArgs};
 
 #[derive(Parser)]
 struct Cli {
@@ -45,7 +45,7 @@ async fn a_local_cluster_trains_a_model_well_above_chance() {
         ],
         dir.path(),
     );
-    let o = ps_worker::local::run(&args).await.unwrap();
+    let o = ps_cli::local::run(&args).await.unwrap();
     let e = &o.result.eval;
     eprintln!(
         "test accuracy {:.3} after {} clocks",
@@ -195,7 +195,7 @@ async fn top_k_with_a_warmup_and_a_cosine_step_trains() {
         ],
         dir.path(),
     );
-    let o = ps_worker::local::run(&args).await.unwrap();
+    let o = ps_cli::local::run(&args).await.unwrap();
     let e = &o.result.eval;
     assert!(e.test_accuracy > 0.6, "{e:?}");
     let steps: Vec<serde_json::Value> = std::fs::read_to_string(o.run_dir.join("steps-w0.jsonl"))
@@ -233,6 +233,6 @@ async fn a_step_size_schedule_is_refused_for_adagrad() {
         ],
         dir.path(),
     );
-    let err = format!("{:#}", ps_worker::local::run(&args).await.unwrap_err());
+    let err = format!("{:#}", ps_cli::local::run(&args).await.unwrap_err());
     assert!(err.contains("only for sgd and momentum tables"), "{err}");
 }

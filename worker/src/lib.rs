@@ -1,15 +1,13 @@
 //! A training worker for the parameter server: data loaders and generators ([`data`]), models
 //! written once against a compute backend ([`backend`], [`model`]), the training loop that
 //! pulls, computes, pushes and reports clocks to the scheduler ([`train`]), the run directory
-//! it leaves ([`run`]), the one-command local cluster ([`local`], behind `psctl local`) and the
-//! experiments runner ([`experiments`], behind `psctl experiments`).
+//! it leaves ([`run`]), and the model tables a job file's model needs ([`job`]).
 //! The bandwidth emulator (`--link-mbps`) is the client transport's: [`ps_client::Link`].
+//! The local cluster and the experiments runner that start workers are tools: `ps-cli`.
 
 pub mod backend;
 pub mod data;
-pub mod experiments;
 pub mod job;
-pub mod local;
 pub mod model;
 pub mod run;
 pub mod train;

@@ -3,7 +3,7 @@
 //! compute in between. Reports advance latency p50/p99/max, advances per second, and the
 //! scheduler's CPU per advance (from /proc of its process).
 //!
-//! `cargo run --release -p ps-scheduler --bin sched-bench -- --workers 1000 --clocks 50`
+//! `cargo run --release --bin sched-bench -- --workers 1000 --clocks 50`
 //! (runs the `scheduler` and `ps-server` binaries built next to it).
 
 use std::path::PathBuf;

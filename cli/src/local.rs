@@ -14,9 +14,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ps_client::scheduler::SchedulerClient;
 use ps_core::JobSpec;
 
-use crate::data::DatasetSpec;
-use crate::run::{EvalRecord, FinalRecord};
-use crate::train::{LrSchedule, SspRefresh};
+use ps_worker::data::DatasetSpec;
+use ps_worker::run::{EvalRecord, FinalRecord};
+use ps_worker::{LrSchedule, SspRefresh};
 
 /// What `psctl local` trains, and how.
 #[derive(Debug, Clone, clap::Args)]
@@ -108,7 +108,7 @@ pub struct LocalArgs {
     pub lr_schedule: LrSchedule,
     /// Where the workers compute: auto (CUDA when a device works, else the CPU), cpu, cuda:N.
     #[arg(long, default_value = "auto")]
-    pub device: crate::backend::DeviceChoice,
+    pub device: ps_worker::backend::DeviceChoice,
     /// No progress bar (for logs and scripts).
     #[arg(long)]
     pub quiet: bool,
@@ -428,7 +428,8 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
         }
         None => job_toml(a),
     };
-    let mut spec: JobSpec = crate::job::job_from_toml(&text).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut spec: JobSpec =
+        ps_worker::job::job_from_toml(&text).map_err(|e| anyhow::anyhow!("{e}"))?;
     // Load the data here first: a missing data set is reported before anything starts.
     let dataset = DatasetSpec::parse(&spec.dataset)?;
     let data_dir = a.data.clone();

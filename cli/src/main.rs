@@ -53,11 +53,11 @@ enum Cmd {
     /// Starts a whole cluster on 127.0.0.1 (a scheduler, shards and workers as child
     /// processes), trains one job to the end with a progress bar, and prints the test accuracy
     /// and where the run's files are. Needs no running scheduler.
-    Local(Box<ps_worker::local::LocalArgs>),
+    Local(Box<ps_cli::local::LocalArgs>),
     /// Trains the same models under each codec and consistency model, several seeds each,
     /// through local clusters, and writes EXPERIMENTS.md (mean ± std of the test accuracy,
     /// bytes pushed per step, time to a target accuracy, the targets checked) with plots.
-    Experiments(Box<ps_worker::experiments::ExperimentArgs>),
+    Experiments(Box<ps_cli::experiments::ExperimentArgs>),
 }
 
 const EXIT_USAGE: u8 = 2;
@@ -124,7 +124,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
     match &cli.cmd {
         Cmd::Local(args) => return local(args, cli.json).await,
         Cmd::Experiments(args) => {
-            return ps_worker::experiments::run(args)
+            return ps_cli::experiments::run(args)
                 .await
                 .map_err(|e| Failure::Other(format!("experiments: {e:#}")));
         }
@@ -267,8 +267,8 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
 }
 
 /// `psctl local`: the whole cluster as child processes, one job to the end.
-async fn local(args: &ps_worker::local::LocalArgs, json: bool) -> Result<(), Failure> {
-    match ps_worker::local::run(args).await {
+async fn local(args: &ps_cli::local::LocalArgs, json: bool) -> Result<(), Failure> {
+    match ps_cli::local::run(args).await {
         Ok(o) => {
             let e = &o.result.eval;
             if json {

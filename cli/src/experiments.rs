@@ -17,7 +17,7 @@ use clap::Parser;
 use serde::{Deserialize, Serialize};
 
 use crate::local::LocalArgs;
-use crate::run::{EvalRecord, FinalRecord, PALETTE, Panel, Series, svg};
+use ps_worker::run::{EvalRecord, FinalRecord, PALETTE, Panel, Series, svg};
 
 /// `psctl experiments`.
 #[derive(Debug, Clone, clap::Args)]

@@ -1,0 +1,7 @@
+//! The command-line tools of the cluster, behind the `psctl` binary: job control against a
+//! running scheduler (`src/main.rs`), the one-command local cluster ([`local`], `psctl local`)
+//! and the experiments runner ([`experiments`], `psctl experiments`). Tools sit on top of the
+//! services: this crate may depend on any of them, none of them on it.
+
+pub mod experiments;
+pub mod local;
