@@ -6,13 +6,13 @@
 //! `cargo build --release`). Every process logs to `<run>/logs/`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use ps_client::scheduler::SchedulerClient;
 use ps_core::JobSpec;
+use ps_launch::{Service, binary};
 
 use ps_worker::data::DatasetSpec;
 use ps_worker::run::{EvalRecord, FinalRecord};
@@ -114,176 +114,57 @@ pub struct LocalArgs {
     pub quiet: bool,
 }
 
-/// A child process, killed when dropped (unless it was stopped first). Its output goes to a
-/// log file.
-#[derive(Debug)]
-pub struct Proc {
-    name: String,
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Proc {
-    fn spawn(bin: &Path, name: &str, args: &[String], logs: &Path) -> anyhow::Result<Self> {
-        let log = logs.join(format!("{name}.log"));
-        let out =
-            std::fs::File::create(&log).with_context(|| format!("creating {}", log.display()))?;
-        let child = Command::new(bin)
-            .args(args)
-            .env("NO_COLOR", "1")
-            .env(
-                "RUST_LOG",
-                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdin(Stdio::null())
-            .stdout(out.try_clone()?)
-            .stderr(out)
-            .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
-        Ok(Self {
-            name: name.to_owned(),
-            child,
-            log,
-        })
-    }
-
-    pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    pub fn id(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Kills the process at once (SIGKILL), as a crash would.
-    pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-
-    /// SIGTERM, then wait up to `grace` before killing.
-    pub fn stop(mut self, grace: Duration) {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-        let end = Instant::now() + grace;
-        while Instant::now() < end {
-            if matches!(self.child.try_wait(), Ok(Some(_))) {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-
-    /// The exit status, when the process has exited.
-    pub fn exited(&mut self) -> anyhow::Result<Option<std::process::ExitStatus>> {
-        Ok(self.child.try_wait()?)
-    }
-
-    /// An error when the process has exited.
-    fn check(&mut self) -> anyhow::Result<()> {
-        if let Some(s) = self.child.try_wait()? {
-            bail!("{} exited with {s}:\n{}", self.name, self.tail());
-        }
-        Ok(())
-    }
-
-    /// The last lines of the process's log.
-    pub fn tail(&self) -> String {
-        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(15)..].join("\n")
-    }
-}
-
-/// The `scheduler`, `ps-server` and `worker` binaries: next to the running executable, or one
-/// level up (a test executable in `target/release/deps`).
-#[derive(Debug, Clone)]
-pub struct Binaries {
-    pub scheduler: PathBuf,
-    pub shard: PathBuf,
-    pub worker: PathBuf,
-}
-
-impl Binaries {
-    pub fn find() -> anyhow::Result<Self> {
-        let exe = std::env::current_exe()?;
-        let dir = exe.parent().context("the executable's directory")?;
-        let dirs = [Some(dir), dir.parent()];
-        let find = |name: &str| {
-            dirs.iter()
-                .flatten()
-                .map(|d| d.join(name))
-                .find(|p| p.exists())
-                .with_context(|| {
-                    format!(
-                        "{name} is not in {}: build the workspace first (cargo build --release)",
-                        dir.display()
-                    )
-                })
-        };
-        Ok(Self {
-            scheduler: find("scheduler")?,
-            shard: find("ps-server")?,
-            worker: find("worker")?,
-        })
-    }
-}
-
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
+/// How long a service may take to become ready (a shard replays its log first).
+const READY: Duration = Duration::from_secs(60);
+/// How long a stopping service may take to drain and close its store.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// A scheduler and its shards on 127.0.0.1, as child processes writing under one run
-/// directory; workers are added with [`Cluster::worker`].
+/// directory; workers are added with [`Cluster::worker`]. Every service binds a port of its
+/// own choosing and announces it (`--ready-file`).
 #[derive(Debug)]
 pub struct Cluster {
     pub run_dir: PathBuf,
     pub logs: PathBuf,
     pub scheduler_url: String,
-    bins: Binaries,
-    scheduler: Proc,
-    shards: Vec<Proc>,
+    worker_bin: PathBuf,
+    scheduler: Service,
+    shards: Vec<Service>,
 }
 
 impl Cluster {
     /// Starts the scheduler and `num_shards` shards and waits until every shard registered.
     pub async fn start(run_dir: &Path, num_shards: u32) -> anyhow::Result<Self> {
-        let bins = Binaries::find()?;
+        let (scheduler_bin, shard_bin, worker_bin) = (
+            binary("scheduler")?,
+            binary("ps-server")?,
+            binary("worker")?,
+        );
         let logs = run_dir.join("logs");
         std::fs::create_dir_all(&logs).with_context(|| format!("creating {}", logs.display()))?;
         let run_dir = run_dir.canonicalize()?;
         let logs = run_dir.join("logs");
-        let port = free_port()?;
-        let scheduler_url = format!("http://127.0.0.1:{port}");
-        let scheduler = Proc::spawn(
-            &bins.scheduler,
+        let mut scheduler = Service::spawn(
+            &scheduler_bin,
             "scheduler",
             &[
                 "--listen".into(),
-                format!("127.0.0.1:{port}"),
+                "127.0.0.1:0".into(),
                 "--data-dir".into(),
                 run_dir.join("scheduler").display().to_string(),
             ],
             &logs,
+            true,
         )?;
+        let scheduler_url = scheduler.ready(READY).await?.url();
         let mut shards = Vec::new();
         for i in 0..num_shards {
-            let port = free_port()?;
-            shards.push(Proc::spawn(
-                &bins.shard,
+            shards.push(Service::spawn(
+                &shard_bin,
                 &format!("shard-{i}"),
                 &[
                     "--listen".into(),
-                    format!("127.0.0.1:{port}"),
+                    "127.0.0.1:0".into(),
                     "--data-dir".into(),
                     run_dir.join(format!("shard-{i}")).display().to_string(),
                     "--shard-index".into(),
@@ -294,28 +175,32 @@ impl Cluster {
                     scheduler_url.clone(),
                 ],
                 &logs,
+                true,
             )?);
+        }
+        for s in &mut shards {
+            s.ready(READY).await?;
         }
         let mut c = Self {
             run_dir,
             logs,
             scheduler_url,
-            bins,
+            worker_bin,
             scheduler,
             shards,
         };
         let sched = c.client().await?;
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + READY;
         while !sched.shard_map().await.is_ok_and(|m| m.complete) {
             // A process that died at start says why in its log.
             c.check()?;
             if Instant::now() > deadline {
                 bail!(
-                    "the shards did not register within 60 s; see {}",
+                    "the shards did not register within {READY:?}; see {}",
                     c.logs.display()
                 );
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
         Ok(c)
     }
@@ -325,7 +210,7 @@ impl Cluster {
     }
 
     /// Starts a worker process named `name` for `job`, with extra `worker` flags.
-    pub fn worker(&self, job: &str, name: &str, extra: &[String]) -> anyhow::Result<Proc> {
+    pub fn worker(&self, job: &str, name: &str, extra: &[String]) -> anyhow::Result<Service> {
         let mut args = vec![
             "--scheduler".into(),
             self.scheduler_url.clone(),
@@ -337,7 +222,7 @@ impl Cluster {
             self.run_dir.display().to_string(),
         ];
         args.extend_from_slice(extra);
-        Proc::spawn(&self.bins.worker, name, &args, &self.logs)
+        Service::spawn(&self.worker_bin, name, &args, &self.logs, false)
     }
 
     /// An error when the scheduler or a shard has exited.
@@ -348,15 +233,18 @@ impl Cluster {
         Ok(())
     }
 
-    /// Stops the shards and the scheduler (SIGTERM, then a grace period).
-    pub fn stop(self) {
+    /// Stops the shards and the scheduler (SIGTERM, then a grace period), all at once.
+    pub async fn stop(self) {
         let Self {
             scheduler, shards, ..
         } = self;
-        for s in shards {
-            s.stop(Duration::from_secs(10));
-        }
-        scheduler.stop(Duration::from_secs(10));
+        futures::future::join_all(
+            shards
+                .into_iter()
+                .chain(std::iter::once(scheduler))
+                .map(|s| s.stop(STOP_GRACE)),
+        )
+        .await;
     }
 }
 
@@ -436,12 +324,13 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
     let seed = spec.seed;
     let split =
         tokio::task::spawn_blocking(move || dataset.load(data_dir.as_deref(), seed)).await??;
+    // Examples per clock over all workers (a worker's default batch is 64).
+    let batch = if spec.global_batch > 0 {
+        spec.global_batch
+    } else {
+        64 * u64::from(spec.num_workers)
+    };
     if spec.max_clocks == 0 {
-        let batch = if spec.global_batch > 0 {
-            spec.global_batch
-        } else {
-            64 * u64::from(spec.num_workers)
-        };
         spec.max_clocks = ((a.epochs * split.train.len() as f64) / batch as f64)
             .ceil()
             .max(1.0) as u64;
@@ -531,12 +420,12 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
     loop {
         let mut running = 0;
         for w in &mut workers {
-            match w.child.try_wait()? {
+            match w.exited()? {
                 None => running += 1,
                 Some(s) if s.success() => {}
                 Some(s) => {
                     bar.abandon();
-                    bail!("worker {} exited with {s}:\n{}", w.name, w.tail());
+                    bail!("worker {} exited with {s}:\n{}", w.name(), w.tail());
                 }
             }
         }
@@ -546,7 +435,7 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
         }
         if let Ok(st) = sched.job(&spec.name).await {
             bar.set_position(st.min_clock.min(spec.max_clocks));
-            let rate = bar.per_sec() * spec.global_batch as f64;
+            let rate = bar.per_sec() * batch as f64;
             let last: Option<EvalRecord> = std::fs::read_to_string(&eval_path)
                 .ok()
                 .and_then(|t| t.lines().last().and_then(|l| serde_json::from_str(l).ok()));
@@ -563,15 +452,22 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
-    bar.finish();
     let fin = run_dir.join("final.json");
     let result: FinalRecord = serde_json::from_slice(
         &std::fs::read(&fin).with_context(|| format!("reading {}", fin.display()))?,
     )?;
-    for w in workers {
-        w.stop(Duration::from_secs(5));
-    }
-    cluster.stop();
+    // The bar ends on the run's own figures, not on the last poll's rate (0 once the workers
+    // stopped).
+    bar.set_position(result.clocks.min(spec.max_clocks));
+    bar.finish_with_message(format!(
+        "test acc {:.2}%  {:.0} examples/s",
+        result.eval.test_accuracy * 100.0,
+        (result.clocks * batch) as f64 / result.eval.train_s.max(1e-9)
+    ));
+    // The scheduler's graceful stop waits for its clients' connections to close.
+    drop(sched);
+    futures::future::join_all(workers.into_iter().map(|w| w.stop(STOP_GRACE))).await;
+    cluster.stop().await;
     Ok(LocalOutcome {
         run_dir,
         result,

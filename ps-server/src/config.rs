@@ -2,12 +2,13 @@
 //! file (`--config`) that may set the same knobs plus the tunables. Flag or variable beats file
 //! beats default.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
 use ps_core::partition::DEFAULT_VIRTUAL_NODES;
+use ps_runtime::service::{ServiceArgs, ServiceConfig, ServiceDefaults, load_service_file};
 use serde::Deserialize;
 
 use crate::store::RocksOptions;
@@ -16,27 +17,14 @@ use crate::store::RocksOptions;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "ps-server", version, about)]
 pub struct Args {
-    /// TOML file with any of the settings below and the tunables (see README).
-    #[arg(long, env = "PS_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// gRPC address to listen on [default: 127.0.0.1:7070].
-    #[arg(long, env = "PS_LISTEN")]
-    pub listen: Option<SocketAddr>,
-    /// Prometheus `/metrics` address; no endpoint when unset.
-    #[arg(long, env = "PS_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
-    /// Directory of the shard's RocksDB state and checkpoints (required unless --in-memory).
-    #[arg(long, env = "PS_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub service: ServiceArgs,
     /// This shard's index, 0-based [default: 0].
     #[arg(long, env = "PS_SHARD_INDEX")]
     pub shard_index: Option<u32>,
     /// Number of shards in the cluster [default: 1].
     #[arg(long, env = "PS_NUM_SHARDS")]
     pub num_shards: Option<u32>,
-    /// Keep the model in memory only: nothing survives a restart.
-    #[arg(long, env = "PS_IN_MEMORY")]
-    pub in_memory: bool,
     /// fsync the WAL on every group commit, to survive machine crashes as well.
     #[arg(long, env = "PS_SYNC")]
     pub sync: bool,
@@ -46,9 +34,6 @@ pub struct Args {
     /// Before starting, verify this checkpoint directory and copy it into the (empty) data dir.
     #[arg(long, env = "PS_RESTORE_FROM")]
     pub restore_from: Option<PathBuf>,
-    /// Milliseconds between turning NOT_SERVING and closing the listener on shutdown [default: 0].
-    #[arg(long, env = "PS_DRAIN_MS")]
-    pub drain_ms: Option<u64>,
     /// The scheduler to register with (http://host:port); without it the shard map is static.
     #[arg(long, env = "PS_SCHEDULER")]
     pub scheduler: Option<String>,
@@ -89,19 +74,14 @@ impl<'de> Deserialize<'de> for BulkListen {
     }
 }
 
-/// The TOML file. Every field is optional; unknown keys are errors.
+/// The shard's own keys of its TOML file (the shared ones are [`ServiceFile`]'s). Every field
+/// is optional; unknown keys are errors.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FileConfig {
-    pub listen: Option<SocketAddr>,
-    pub metrics_listen: Option<SocketAddr>,
-    pub data_dir: Option<PathBuf>,
     pub shard_index: Option<u32>,
     pub num_shards: Option<u32>,
-    pub in_memory: Option<bool>,
     pub max_request_bytes: Option<usize>,
-    pub drain_ms: Option<u64>,
-    pub grace_ms: Option<u64>,
     pub scheduler: Option<String>,
     pub advertise: Option<String>,
     pub bulk_listen: Option<BulkListen>,
@@ -115,10 +95,8 @@ pub struct FileConfig {
 /// The resolved configuration `run` takes.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    pub listen: SocketAddr,
-    pub metrics_listen: Option<SocketAddr>,
-    /// `None` in the in-memory mode.
-    pub data_dir: Option<PathBuf>,
+    /// Addresses, data directory (`None` in the in-memory mode), shutdown timings.
+    pub service: ServiceConfig,
     pub shard_index: u32,
     pub num_shards: u32,
     pub virtual_nodes: u32,
@@ -127,8 +105,6 @@ pub struct ServerConfig {
     pub max_queued_bytes: usize,
     /// Memory for the per-client replicas that delta pulls diff against.
     pub pull_replica_bytes: usize,
-    pub drain: Duration,
-    pub grace: Duration,
     pub rocksdb: RocksOptions,
     pub restore_from: Option<PathBuf>,
     /// The scheduler this shard registers with; `None`: a static map (epoch 0).
@@ -139,14 +115,18 @@ pub struct ServerConfig {
     pub bulk_listen: Option<SocketAddr>,
 }
 
+const DEFAULTS: ServiceDefaults = ServiceDefaults {
+    listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7070),
+    grace: Duration::from_secs(30),
+    state: "shard's RocksDB state and checkpoints",
+};
+
 impl ServerConfig {
     /// Defaults for a single durable shard at `data_dir` (or in memory when `None`), listening
     /// on an ephemeral loopback port: what tests and the bench start.
     pub fn local(data_dir: Option<PathBuf>) -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            metrics_listen: None,
-            data_dir,
+            service: ServiceConfig::local(data_dir, DEFAULTS.grace),
             shard_index: 0,
             num_shards: 1,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
@@ -154,8 +134,6 @@ impl ServerConfig {
             group_commit_bytes: 64 << 20,
             max_queued_bytes: 1 << 30,
             pull_replica_bytes: 512 << 20,
-            drain: Duration::ZERO,
-            grace: Duration::from_secs(30),
             rocksdb: RocksOptions::default(),
             restore_from: None,
             scheduler: None,
@@ -166,28 +144,18 @@ impl ServerConfig {
 
     /// Merges flags over the file over the defaults, and checks the result.
     pub fn resolve(args: Args) -> anyhow::Result<Self> {
-        let file: FileConfig = match &args.config {
-            Some(p) => ps_runtime::config::load_toml(p)?,
-            None => FileConfig::default(),
-        };
-        let in_memory = args.in_memory || file.in_memory.unwrap_or(false);
-        let data_dir = args.data_dir.or(file.data_dir);
+        let (shared, file): (_, FileConfig) = load_service_file(args.service.config.as_deref())?;
+        let service = args.service.resolve(shared, DEFAULTS)?;
         let d = Self::local(None);
         let mut rocksdb = file.rocksdb.unwrap_or_default();
         rocksdb.sync |= args.sync;
-        let listen = args
-            .listen
-            .or(file.listen)
-            .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7070)));
         let bulk_listen = match args.bulk_listen.or(file.bulk_listen) {
             Some(BulkListen::Off) => None,
             Some(BulkListen::At(a)) => Some(a),
-            None => Some(SocketAddr::new(listen.ip(), 0)),
+            None => Some(SocketAddr::new(service.listen.ip(), 0)),
         };
         let cfg = Self {
-            listen,
-            metrics_listen: args.metrics_listen.or(file.metrics_listen),
-            data_dir: if in_memory { None } else { data_dir },
+            service,
             shard_index: args.shard_index.or(file.shard_index).unwrap_or(0),
             num_shards: args.num_shards.or(file.num_shards).unwrap_or(1),
             virtual_nodes: file.virtual_nodes.unwrap_or(d.virtual_nodes),
@@ -198,19 +166,12 @@ impl ServerConfig {
             group_commit_bytes: file.group_commit_bytes.unwrap_or(d.group_commit_bytes),
             max_queued_bytes: file.max_queued_bytes.unwrap_or(d.max_queued_bytes),
             pull_replica_bytes: file.pull_replica_bytes.unwrap_or(d.pull_replica_bytes),
-            drain: Duration::from_millis(args.drain_ms.or(file.drain_ms).unwrap_or(0)),
-            grace: file.grace_ms.map_or(d.grace, Duration::from_millis),
             rocksdb,
             restore_from: args.restore_from,
             scheduler: args.scheduler.or(file.scheduler),
             advertise: args.advertise.or(file.advertise),
             bulk_listen,
         };
-        if !in_memory && cfg.data_dir.is_none() {
-            anyhow::bail!(
-                "--data-dir (PS_DATA_DIR) is required; pass --in-memory to run without durability"
-            );
-        }
         cfg.check()?;
         Ok(cfg)
     }
@@ -229,7 +190,7 @@ impl ServerConfig {
         if self.max_request_bytes < 1024 {
             anyhow::bail!("--max-request-bytes must be at least 1024");
         }
-        if self.restore_from.is_some() && self.data_dir.is_none() {
+        if self.restore_from.is_some() && self.service.data_dir.is_none() {
             anyhow::bail!("--restore-from needs a --data-dir to restore into");
         }
         Ok(())
@@ -266,13 +227,13 @@ mod tests {
             "--sync",
         ]))
         .unwrap();
-        assert_eq!(cfg.listen.port(), 9001);
+        assert_eq!(cfg.service.listen.port(), 9001);
         assert_eq!((cfg.shard_index, cfg.num_shards), (3, 4));
         assert_eq!(cfg.group_commit_bytes, 1024);
         assert_eq!(cfg.rocksdb.write_buffer_mib, 32);
         assert!(cfg.rocksdb.sync);
         assert_eq!(
-            cfg.data_dir.as_deref(),
+            cfg.service.data_dir.as_deref(),
             Some(std::path::Path::new("/tmp/x"))
         );
         assert_eq!(cfg.max_request_bytes, 64 << 20);
@@ -305,7 +266,7 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("out of range"), "{e}");
         let cfg = ServerConfig::resolve(args(&["--in-memory"])).unwrap();
-        assert!(cfg.data_dir.is_none());
+        assert!(cfg.service.data_dir.is_none());
         let e = Args::try_parse_from(["ps-server", "--bulk-listen", "7071"]).unwrap_err();
         assert!(e.to_string().contains("neither an address"), "{e}");
     }

@@ -24,6 +24,7 @@ use parking_lot::RwLock;
 
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use ps_runtime::grpc::GrpcOptions;
+use ps_runtime::ready::Ready;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -43,6 +44,13 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     cfg.check()?;
+    let ready = Ready::new(
+        listener.local_addr()?,
+        metrics_listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?,
+    );
     ps_runtime::metrics::start("ps-server", metrics_listener, &shutdown)?;
     metrics::describe();
     let map_epoch = Arc::new(MapEpoch::default());
@@ -58,15 +66,15 @@ pub async fn run(
         };
         tokio::spawn(reg.run(shutdown.clone()));
     }
-    match cfg.data_dir.clone() {
+    match cfg.service.data_dir.clone() {
         Some(dir) => {
             let c = cfg.clone();
             let store = tokio::task::spawn_blocking(move || open_durable(&c, &dir)).await??;
             let rocks = cfg.rocksdb.clone();
             let reopen: Reopen<RocksStore> =
                 Arc::new(move |db: &Path| RocksStore::open(db, &rocks));
-            let restore = cfg.data_dir.clone().map(|d| (d, reopen));
-            serve(cfg, store, restore, map_epoch, listener, shutdown).await
+            let restore = cfg.service.data_dir.clone().map(|d| (d, reopen));
+            serve(cfg, store, restore, map_epoch, listener, ready, shutdown).await
         }
         None => {
             serve(
@@ -75,6 +83,7 @@ pub async fn run(
                 None,
                 map_epoch,
                 listener,
+                ready,
                 shutdown,
             )
             .await
@@ -115,13 +124,14 @@ async fn serve<S: Store>(
     restore: Option<(PathBuf, Reopen<S>)>,
     map_epoch: Arc<MapEpoch>,
     listener: TcpListener,
+    mut ready: Ready,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let engine_cfg = EngineConfig {
         shard_index: cfg.shard_index,
         num_shards: cfg.num_shards,
         virtual_nodes: cfg.virtual_nodes,
-        checkpoint_dir: cfg.data_dir.as_ref().map(|d| d.join("checkpoints")),
+        checkpoint_dir: cfg.service.data_dir.as_ref().map(|d| d.join("checkpoints")),
         group_commit_bytes: cfg.group_commit_bytes,
         max_queued_bytes: cfg.max_queued_bytes,
         pull_replica_bytes: cfg.pull_replica_bytes,
@@ -150,12 +160,17 @@ async fn serve<S: Store>(
         svc = svc.with_restore(dir, reopen);
     }
     let svc = Arc::new(svc);
+    ready.bulk = bulk_listener
+        .as_ref()
+        .map(TcpListener::local_addr)
+        .transpose()?;
+    ready.announce(cfg.service.ready_file.as_deref())?;
     let bulk_stop = shutdown.child_token();
     let bulk_served = bulk_listener.map(|l| {
         let opts = bulk::BulkOptions {
             max_request_bytes: cfg.max_request_bytes,
-            drain: cfg.drain,
-            grace: cfg.grace,
+            drain: cfg.service.drain,
+            grace: cfg.service.grace,
         };
         tokio::spawn(bulk::serve(l, svc.clone(), opts, bulk_stop.clone()))
     });
@@ -164,8 +179,8 @@ async fn serve<S: Store>(
         .max_encoding_message_size(usize::MAX);
     let opts = GrpcOptions {
         descriptor_sets: vec![ps_proto::FILE_DESCRIPTOR_SET],
-        drain: cfg.drain,
-        grace: cfg.grace,
+        drain: cfg.service.drain,
+        grace: cfg.service.grace,
     };
     let served = ps_runtime::grpc::serve(listener, grpc, opts, shutdown).await;
     // The engine closes once neither listener can reach it.

@@ -1,58 +1,36 @@
 //! The `ps-server` binary as a real child process: kill -9 after acknowledged pushes loses
 //! nothing and applies nothing twice; SIGTERM drains cleanly and exits 0.
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{Signal, kill};
-use nix::unistd::Pid;
 use ps_client::{ClientConfig, PsClient};
 use ps_core::{Optimizer, TableSpec};
+use ps_launch::Service;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
 struct Server {
-    child: Child,
+    svc: Service,
     addr: String,
 }
 
-/// Starts `ps-server` on `listen` and waits for its "listening" log line.
-fn spawn(data_dir: &std::path::Path, listen: &str, extra: &[&str]) -> Server {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_ps-server"))
-        .args(["--data-dir", data_dir.to_str().unwrap(), "--listen", listen])
-        .args(extra)
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn ps-server");
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut sent = false;
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if !sent && line.contains("gRPC server listening") {
-                let addr = line
-                    .split("local=")
-                    .nth(1)
-                    .and_then(|s| s.split_whitespace().next())
-                    .map(str::to_owned);
-                let _ = tx.send(addr);
-                sent = true;
-            }
-            eprintln!("[ps-server] {line}");
-        }
-    });
-    let addr = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("ps-server did not start listening")
-        .expect("address in the log line");
+/// Starts `ps-server` on `listen` with its data in `data_dir` (its log in `logs/` beside it)
+/// and waits until it serves.
+async fn spawn(data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
+    let mut args: Vec<String> = ["--data-dir", data_dir.to_str().unwrap(), "--listen", listen]
+        .map(str::to_owned)
+        .into();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let logs = data_dir.parent().unwrap().join("logs");
+    let bin = Path::new(env!("CARGO_BIN_EXE_ps-server"));
+    let mut svc = Service::spawn(bin, "ps-server", &args, &logs, true).unwrap();
+    let ready = svc.ready(Duration::from_secs(60)).await.unwrap();
     Server {
-        child,
-        addr: format!("http://{addr}"),
+        svc,
+        addr: ready.url(),
     }
 }
 
@@ -84,7 +62,7 @@ fn only_push(client_id: u64, seq: u64) -> Option<ps_proto::v1::PushId> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = spawn(dir.path(), "127.0.0.1:0", &[]);
+    let mut server = spawn(&dir.path().join("data"), "127.0.0.1:0", &[]).await;
     let addr = server.addr.clone();
     let ps = PsClient::connect(client_config(&addr)).await.unwrap();
     ps.create_table(
@@ -112,12 +90,11 @@ async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
             .unwrap();
     }
     ps.push_dense("w", &vec![-0.5; 300_000]).await.unwrap();
-    server.child.kill().unwrap(); // SIGKILL
-    server.child.wait().unwrap();
+    server.svc.kill(); // SIGKILL
 
     // Restart on the same data dir and port.
     let port = addr.rsplit(':').next().unwrap().to_owned();
-    let mut server = spawn(dir.path(), &format!("127.0.0.1:{port}"), &[]);
+    let mut server = spawn(&dir.path().join("data"), &format!("127.0.0.1:{port}"), &[]).await;
     // Without lz4, which would shrink the constant gradients below and send them by gRPC.
     let mut cfg = client_config(&server.addr);
     cfg.codec.push.lz4.enabled = false;
@@ -169,14 +146,13 @@ async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
     while acked.load(std::sync::atomic::Ordering::SeqCst) < 20 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.svc.kill();
     let acked_at_kill = acked.load(std::sync::atomic::Ordering::SeqCst);
     assert!(
         acked_at_kill < TOTAL,
         "the kill must land while pushes remain"
     );
-    let mut server = spawn(dir.path(), &format!("127.0.0.1:{port}"), &[]);
+    let mut server = spawn(&dir.path().join("data"), &format!("127.0.0.1:{port}"), &[]).await;
     let duplicates = pusher.await.unwrap();
     let expected = (30 + TOTAL) as f32;
     assert_eq!(
@@ -201,14 +177,18 @@ async fn kill_9_loses_no_acknowledged_push_and_applies_none_twice() {
     // Every acknowledged dense push applied once, none lost in the kill: w = 0.5 + 0.5 n.
     let w = ps2.pull_dense("w").await.unwrap();
     assert_eq!(w, vec![0.5 + 0.5 * dense_acked as f32; 300_000]);
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.svc.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_turns_not_serving_finishes_in_flight_calls_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = spawn(dir.path(), "127.0.0.1:0", &["--drain-ms", "1500"]);
+    let mut server = spawn(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--drain-ms", "1500"],
+    )
+    .await;
     let ps = PsClient::connect(client_config(&server.addr))
         .await
         .unwrap();
@@ -228,7 +208,7 @@ async fn sigterm_turns_not_serving_finishes_in_flight_calls_and_exits_0() {
         tokio::spawn(async move { ps.push_dense("w", &vec![1.0; n]).await })
     };
     tokio::time::sleep(Duration::from_millis(30)).await;
-    kill(Pid::from_raw(server.child.id() as i32), Signal::SIGTERM).unwrap();
+    server.svc.terminate();
 
     // During the drain, health says NOT_SERVING.
     let mut health = HealthClient::new(
@@ -259,32 +239,37 @@ async fn sigterm_turns_not_serving_finishes_in_flight_calls_and_exits_0() {
     // The in-flight push completes and was applied.
     let summary = push.await.unwrap().unwrap();
     assert_eq!(summary.applied_values, n as u64);
-    let code = tokio::task::spawn_blocking(move || server.child.wait().unwrap())
-        .await
-        .unwrap();
-    assert_eq!(code.code(), Some(0), "ps-server should exit 0 on SIGTERM");
+    let code = server.svc.wait(Duration::from_secs(60)).await.unwrap();
+    assert_eq!(
+        code.and_then(|c| c.code()),
+        Some(0),
+        "ps-server should exit 0 on SIGTERM"
+    );
 
     // And it is durable: a restart sees it.
-    let mut server = spawn(dir.path(), "127.0.0.1:0", &[]);
+    let mut server = spawn(&dir.path().join("data"), "127.0.0.1:0", &[]).await;
     let ps = PsClient::connect(client_config(&server.addr))
         .await
         .unwrap();
     let w = ps.pull_dense("w").await.unwrap();
     assert!(w.iter().all(|&v| v == -1.0));
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.svc.kill();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_dir_refuses_the_wrong_shard_identity() {
     let dir = tempfile::tempdir().unwrap();
-    let mut server = spawn(dir.path(), "127.0.0.1:0", &["--num-shards", "2"]);
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    let mut server = spawn(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--num-shards", "2"],
+    )
+    .await;
+    server.svc.kill();
     let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
         .args([
             "--data-dir",
-            dir.path().to_str().unwrap(),
+            dir.path().join("data").to_str().unwrap(),
             "--listen",
             "127.0.0.1:0",
         ])
@@ -300,7 +285,7 @@ async fn a_data_dir_refuses_the_wrong_shard_identity() {
 async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
     use ps_proto::v1 as pb;
     let dir = tempfile::tempdir().unwrap();
-    let mut server = spawn(dir.path(), "127.0.0.1:0", &[]);
+    let mut server = spawn(&dir.path().join("data"), "127.0.0.1:0", &[]).await;
     let ps = PsClient::connect(client_config(&server.addr))
         .await
         .unwrap();
@@ -327,11 +312,10 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
             .into_inner()
             .duplicate
     );
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.svc.kill();
 
     let port = server.addr.rsplit(':').next().unwrap().to_owned();
-    let mut server = spawn(dir.path(), &format!("127.0.0.1:{port}"), &[]);
+    let mut server = spawn(&dir.path().join("data"), &format!("127.0.0.1:{port}"), &[]).await;
     let mut raw = raw_client(&server.addr).await;
     let again = raw.push_sparse(push).await.unwrap().into_inner();
     assert!(
@@ -346,8 +330,7 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
         ps.pull_sparse("t", &[1, 2]).await.unwrap(),
         [-4.0, -6.0, -5.0, -6.0]
     );
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.svc.kill();
 }
 
 /// A 1 MiB dense log holds four pushes of the 60 000-float table: a burst of pushes wraps it
@@ -374,7 +357,7 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
     std::fs::write(&config, format!("[rocksdb]\ndense_log_mib = {log_mib}\n")).unwrap();
     let data = dir.path().join("data");
     let args = ["--config", config.to_str().unwrap()];
-    let mut server = spawn(&data, "127.0.0.1:0", &args);
+    let mut server = spawn(&data, "127.0.0.1:0", &args).await;
     let ps = PsClient::connect(client_config(&server.addr))
         .await
         .unwrap();
@@ -427,11 +410,10 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
         images,
         "whether the log holds an image of the cells"
     );
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.svc.kill();
 
     let port = server.addr.rsplit(':').next().unwrap().to_owned();
-    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args);
+    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args).await;
     let ps = PsClient::connect(client_config(&server.addr))
         .await
         .unwrap();
@@ -454,9 +436,8 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
     assert_eq!(ps.pull_dense("raw").await.unwrap(), vec![2.0; 1000]);
     // One more acknowledged push after the replay, then kill -9 again.
     ps.push_dense("count", &vec![-1.0; n]).await.unwrap();
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
-    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args);
+    server.svc.kill();
+    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args).await;
     let ps = PsClient::connect(client_config(&server.addr))
         .await
         .unwrap();
@@ -464,6 +445,5 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
         ps.pull_dense("count").await.unwrap(),
         vec![(pushes + 1) as f32; n]
     );
-    server.child.kill().unwrap();
-    server.child.wait().unwrap();
+    server.svc.kill();
 }

@@ -1,10 +1,11 @@
 //! `scheduler` configuration: flags with `PS_*` environment fallbacks and an optional TOML file.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Parser;
+use ps_runtime::service::{ServiceArgs, ServiceConfig, ServiceDefaults, load_service_file};
 use serde::Deserialize;
 
 use crate::core::SchedulerConfig;
@@ -13,39 +14,18 @@ use crate::core::SchedulerConfig;
 #[derive(Debug, Clone, Parser)]
 #[command(name = "scheduler", version, about)]
 pub struct Args {
-    /// TOML file with any of the settings below.
-    #[arg(long, env = "PS_CONFIG")]
-    pub config: Option<PathBuf>,
-    /// gRPC address to listen on [default: 127.0.0.1:7000].
-    #[arg(long, env = "PS_LISTEN")]
-    pub listen: Option<SocketAddr>,
-    /// Prometheus `/metrics` address; no endpoint when unset.
-    #[arg(long, env = "PS_METRICS_LISTEN")]
-    pub metrics_listen: Option<SocketAddr>,
-    /// Directory of the durable job state and job checkpoint manifests (required unless
-    /// --in-memory).
-    #[arg(long, env = "PS_DATA_DIR")]
-    pub data_dir: Option<PathBuf>,
-    /// Keep the job state in memory only: a restart forgets every job.
-    #[arg(long, env = "PS_IN_MEMORY")]
-    pub in_memory: bool,
+    #[command(flatten)]
+    pub service: ServiceArgs,
     /// Lease of shards and workers, in milliseconds [default: 5000].
     #[arg(long, env = "PS_LEASE_MS")]
     pub lease_ms: Option<u64>,
-    /// Milliseconds between turning NOT_SERVING and closing the listener on shutdown [default: 0].
-    #[arg(long, env = "PS_DRAIN_MS")]
-    pub drain_ms: Option<u64>,
 }
 
+/// The scheduler's own keys of its TOML file (the shared ones are [`ServiceFile`]'s).
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct FileConfig {
-    pub listen: Option<SocketAddr>,
-    pub metrics_listen: Option<SocketAddr>,
-    pub data_dir: Option<PathBuf>,
-    pub in_memory: Option<bool>,
     pub lease_ms: Option<u64>,
-    pub drain_ms: Option<u64>,
     /// Longest single AdvanceClock wait before it answers `ready = false`.
     pub max_wait_ms: Option<u64>,
     pub checkpoint_timeout_ms: Option<u64>,
@@ -54,20 +34,23 @@ pub struct FileConfig {
 /// The resolved configuration `run` takes.
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub listen: SocketAddr,
-    pub metrics_listen: Option<SocketAddr>,
-    pub drain: Duration,
+    /// Addresses, data directory (`None`: job state in memory), shutdown timings.
+    pub service: ServiceConfig,
     pub scheduler: SchedulerConfig,
 }
+
+const DEFAULTS: ServiceDefaults = ServiceDefaults {
+    listen: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 7000),
+    grace: Duration::from_secs(5),
+    state: "durable job state and job checkpoint manifests",
+};
 
 impl Config {
     /// A scheduler on an ephemeral loopback port keeping its state in `data_dir`: what tests
     /// and the bench start.
     pub fn local(data_dir: Option<PathBuf>) -> Self {
         Self {
-            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
-            metrics_listen: None,
-            drain: Duration::ZERO,
+            service: ServiceConfig::local(data_dir.clone(), DEFAULTS.grace),
             scheduler: SchedulerConfig {
                 data_dir,
                 ..SchedulerConfig::default()
@@ -76,17 +59,8 @@ impl Config {
     }
 
     pub fn resolve(args: Args) -> anyhow::Result<Self> {
-        let file: FileConfig = match &args.config {
-            Some(p) => ps_runtime::config::load_toml(p)?,
-            None => FileConfig::default(),
-        };
-        let in_memory = args.in_memory || file.in_memory.unwrap_or(false);
-        let data_dir = args.data_dir.or(file.data_dir);
-        if !in_memory && data_dir.is_none() {
-            anyhow::bail!(
-                "--data-dir (PS_DATA_DIR) is required; pass --in-memory to run without durable job state"
-            );
-        }
+        let (shared, file): (_, FileConfig) = load_service_file(args.service.config.as_deref())?;
+        let service = args.service.resolve(shared, DEFAULTS)?;
         let d = SchedulerConfig::default();
         let lease = args
             .lease_ms
@@ -96,14 +70,8 @@ impl Config {
             anyhow::bail!("--lease-ms must be at least 100");
         }
         Ok(Self {
-            listen: args
-                .listen
-                .or(file.listen)
-                .unwrap_or(SocketAddr::from(([127, 0, 0, 1], 7000))),
-            metrics_listen: args.metrics_listen.or(file.metrics_listen),
-            drain: Duration::from_millis(args.drain_ms.or(file.drain_ms).unwrap_or(0)),
             scheduler: SchedulerConfig {
-                data_dir: if in_memory { None } else { data_dir },
+                data_dir: service.data_dir.clone(),
                 lease,
                 max_wait: file.max_wait_ms.map_or(d.max_wait, Duration::from_millis),
                 tick: d.tick.min(lease / 4),
@@ -111,6 +79,7 @@ impl Config {
                     .checkpoint_timeout_ms
                     .map_or(d.checkpoint_timeout, Duration::from_millis),
             },
+            service,
         })
     }
 }

@@ -21,6 +21,7 @@ pub mod state;
 
 use ps_proto::v1::scheduler_server::SchedulerServer;
 use ps_runtime::grpc::GrpcOptions;
+use ps_runtime::ready::Ready;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -35,6 +36,13 @@ pub async fn run(
     metrics_listener: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let ready = Ready::new(
+        listener.local_addr()?,
+        metrics_listener
+            .as_ref()
+            .map(TcpListener::local_addr)
+            .transpose()?,
+    );
     ps_runtime::metrics::start("scheduler", metrics_listener, &shutdown)?;
     metrics::describe();
     let sched = {
@@ -44,11 +52,12 @@ pub async fn run(
     }
     .await??;
     tracing::info!(data_dir = ?cfg.scheduler.data_dir, lease_ms = cfg.scheduler.lease.as_millis() as u64, "scheduler ready");
+    ready.announce(cfg.service.ready_file.as_deref())?;
     let svc = SchedulerServer::new(service::SchedulerService::new(sched.clone()));
     let opts = GrpcOptions {
         descriptor_sets: vec![ps_proto::FILE_DESCRIPTOR_SET],
-        drain: cfg.drain,
-        grace: std::time::Duration::from_secs(5),
+        drain: cfg.service.drain,
+        grace: cfg.service.grace,
     };
     let served = ps_runtime::grpc::serve(listener, svc, opts, shutdown).await;
     // After the server has drained, so that the last write sees every call.

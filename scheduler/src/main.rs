@@ -18,7 +18,8 @@ async fn main() -> ExitCode {
 
 async fn start(args: Args) -> anyhow::Result<()> {
     let cfg = Config::resolve(args)?;
-    let (listener, metrics) = ps_runtime::metrics::bind(cfg.listen, cfg.metrics_listen).await?;
+    let (listener, metrics) =
+        ps_runtime::metrics::bind(cfg.service.listen, cfg.service.metrics_listen).await?;
     let shutdown = ps_runtime::shutdown::on_signals();
     ps_scheduler::run(cfg, listener, metrics, shutdown).await
 }

@@ -6,9 +6,7 @@
 //!
 //! Needs the workspace's binaries (`cargo build --release` builds `ps-server` next to the test).
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -16,61 +14,34 @@ use parking_lot::Mutex;
 use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
 use ps_client::{ClientConfig, PsClient};
 use ps_core::JobSpec;
+use ps_launch::{Service, binary};
 use ps_scheduler::Config;
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-/// `target/<profile>/<name>`, next to this test's own executable.
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("test executable");
-    let dir = exe.parent().and_then(Path::parent).expect("target dir");
-    let p = dir.join(name);
-    assert!(
-        p.exists(),
-        "{} is missing: build the workspace first (cargo build --release --workspace)",
-        p.display()
-    );
-    p
-}
-
-struct Shard(Child);
-
-impl Drop for Shard {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn_shard(data: &Path, index: u32, n: u32, scheduler: &str) -> Shard {
-    let mut child = Command::new(bin("ps-server"))
-        .args([
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--listen",
-            "127.0.0.1:0",
-        ])
-        .args([
-            "--shard-index",
-            &index.to_string(),
-            "--num-shards",
-            &n.to_string(),
-        ])
-        .args(["--scheduler", scheduler])
-        .env("RUST_LOG", "info")
-        .env("NO_COLOR", "1")
-        .stderr(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .expect("spawn ps-server");
-    let stderr = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            eprintln!("[shard {index}] {line}");
-        }
-    });
-    Shard(child)
+/// Starts a `ps-server` child (its data in `data`, its log beside it) registered with
+/// `scheduler`, and waits until it serves.
+async fn spawn_shard(data: &Path, index: u32, n: u32, scheduler: &str) -> Service {
+    let args: Vec<String> = [
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--listen",
+        "127.0.0.1:0",
+        "--shard-index",
+        &index.to_string(),
+        "--num-shards",
+        &n.to_string(),
+        "--scheduler",
+        scheduler,
+    ]
+    .map(str::to_owned)
+    .into();
+    let logs = data.parent().unwrap().join("logs");
+    let bin = binary("ps-server").unwrap();
+    let mut s = Service::spawn(&bin, &format!("shard-{index}"), &args, &logs, true).unwrap();
+    s.ready(Duration::from_secs(60)).await.unwrap();
+    s
 }
 
 struct Sched {
@@ -119,7 +90,7 @@ impl Sched {
 /// A scheduler and `n` shards registered with it.
 struct Cluster {
     sched: Sched,
-    shards: Vec<Shard>,
+    shards: Vec<Service>,
     dir: tempfile::TempDir,
 }
 
@@ -130,9 +101,10 @@ async fn cluster(n: u32) -> Cluster {
 async fn cluster_with_lease(n: u32, lease: Duration) -> Cluster {
     let dir = tempfile::tempdir().unwrap();
     let sched = start_scheduler_with_lease(&dir.path().join("scheduler"), None, lease).await;
-    let shards = (0..n)
-        .map(|i| spawn_shard(&dir.path().join(format!("shard-{i}")), i, n, &sched.url))
-        .collect();
+    let mut shards = Vec::new();
+    for i in 0..n {
+        shards.push(spawn_shard(&dir.path().join(format!("shard-{i}")), i, n, &sched.url).await);
+    }
     let c = SchedulerClient::connect(&sched.url).await.unwrap();
     for _ in 0..300 {
         if c.shard_map().await.is_ok_and(|m| m.complete) {
@@ -523,7 +495,8 @@ async fn a_lost_shard_pauses_the_job_until_it_returns_and_nothing_is_lost() {
     // The shard comes back on its data, at a new address: a new map epoch, which the workers'
     // clients follow on their own.
     let dir = c.dir.path().join(format!("shard-{owner}"));
-    c.shards.push(spawn_shard(&dir, owner, 2, &c.sched.url));
+    c.shards
+        .push(spawn_shard(&dir, owner, 2, &c.sched.url).await);
     for w in workers {
         let clock = tokio::time::timeout(Duration::from_secs(60), w)
             .await

@@ -161,7 +161,7 @@ learning_rate = 0.05
             .unwrap();
     let acc = fin["eval"]["test_accuracy"].as_f64().unwrap();
     assert!(acc > 0.6, "{fin}");
-    cluster.stop();
+    cluster.stop().await;
 }
 
 /// Top-k with momentum correction, a sparsity warm-up and a cosine step size, through real

@@ -6,13 +6,12 @@
 //! `cargo run --release --bin sched-bench -- --workers 1000 --clocks 50`
 //! (runs the `scheduler` and `ps-server` binaries built next to it).
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
 use ps_core::JobSpec;
+use ps_launch::{Service, binary};
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -26,37 +25,12 @@ struct Args {
     /// HTTP/2 connections the workers share.
     #[arg(long, default_value_t = 8)]
     connections: usize,
-    #[arg(long, default_value_t = 17000)]
-    port: u16,
     /// Offered load in advances per second over all workers, each worker paced and staggered
     /// so that the policy never needs to hold anyone (latency is the scheduler's own); 0 =
     /// closed loop, every worker as fast as it can (throughput at saturation, latency then
     /// includes queueing behind the other workers).
     #[arg(long, default_value_t = 5000.0)]
     rate: f64,
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn sibling(name: &str) -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe()?;
-    let p = exe
-        .parent()
-        .ok_or_else(|| anyhow::anyhow!("no parent"))?
-        .join(name);
-    anyhow::ensure!(
-        p.exists(),
-        "{} is missing: cargo build --release --workspace",
-        p.display()
-    );
-    Ok(p)
 }
 
 /// User + system CPU seconds of process `pid`.
@@ -79,29 +53,36 @@ fn pct(v: &[Duration], p: f64) -> Duration {
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     let dir = tempfile::tempdir()?;
-    let sched_addr = format!("127.0.0.1:{}", a.port);
-    let url = format!("http://{sched_addr}");
-    let sched = Proc(
-        Command::new(sibling("scheduler")?)
-            .args(["--listen", &sched_addr, "--data-dir"])
-            .arg(dir.path().join("sched"))
-            .args(["--lease-ms", "30000"])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
-    let _shard = Proc(
-        Command::new(sibling("ps-server")?)
-            .args([
-                "--in-memory",
-                "--listen",
-                &format!("127.0.0.1:{}", a.port + 1),
-            ])
-            .args(["--scheduler", &url])
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()?,
-    );
+    let logs = dir.path().join("logs");
+    let mut sched = Service::spawn(
+        &binary("scheduler")?,
+        "scheduler",
+        &[
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--data-dir".into(),
+            dir.path().join("sched").display().to_string(),
+            "--lease-ms".into(),
+            "30000".into(),
+        ],
+        &logs,
+        true,
+    )?;
+    let url = sched.ready(Duration::from_secs(60)).await?.url();
+    let mut shard = Service::spawn(
+        &binary("ps-server")?,
+        "shard",
+        &[
+            "--in-memory".into(),
+            "--listen".into(),
+            "127.0.0.1:0".into(),
+            "--scheduler".into(),
+            url.clone(),
+        ],
+        &logs,
+        true,
+    )?;
+    shard.ready(Duration::from_secs(60)).await?;
     let mut clients = Vec::new();
     for _ in 0..a.connections {
         clients.push(SchedulerClient::connect(&url).await?.with_retries(100));
@@ -119,7 +100,7 @@ async fn main() -> anyhow::Result<()> {
     for s in &mut sessions {
         s.start().await?;
     }
-    let pid = sched.0.id();
+    let pid = sched.id();
     let cpu0 = cpu_seconds(pid)?;
     let t0 = Instant::now();
     let tasks: Vec<_> = sessions

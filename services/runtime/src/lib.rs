@@ -6,13 +6,17 @@
 //! - [`shutdown`]: SIGINT/SIGTERM cancel one token;
 //! - [`grpc`]: the gRPC server scaffold: health, reflection (v1 and v1alpha), window sizes, and
 //!   the drain-then-stop shutdown sequence;
-//! - [`config`]: loading an optional TOML file of tunables.
+//! - [`config`]: loading an optional TOML file of tunables;
+//! - [`service`]: the flags every service has (addresses, data dir, drain, ready file), once;
+//! - [`ready`]: the ready file a service writes with the addresses it got.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod config;
 pub mod grpc;
 pub mod metrics;
+pub mod ready;
+pub mod service;
 pub mod shutdown;
 pub mod telemetry;
 
