@@ -11,14 +11,17 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use prost::Message;
+use ps_core::ValidationError;
+use ps_core::wire::reason;
 use ps_proto::bulk::{self, Head};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_server::ParameterServer;
+use ps_runtime::status::{invalid_field, refusal};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::{Request, Status};
+use tonic::{Code, Request, Status};
 
 use crate::service::PsService;
 use crate::store::Store;
@@ -101,7 +104,12 @@ async fn connection<S: Store>(
         let (code, header, body) =
             match call(&svc, head, &header, &mut sock, max_request_bytes).await {
                 Ok(Ok((header, body))) => (0, header, body),
-                Ok(Err(s)) => (s.code() as u32, s.message().as_bytes().to_vec(), Vec::new()),
+                // A refusal: the message, and its error details (a google.rpc.Status) as body.
+                Ok(Err(s)) => (
+                    s.code() as u32,
+                    s.message().as_bytes().to_vec(),
+                    vec![Bytes::copy_from_slice(s.details())],
+                ),
                 Err(e) => {
                     tracing::debug!(error = %e, "bulk stream closed while reading a call");
                     return;
@@ -155,7 +163,12 @@ async fn call<S: Store>(
                     let body = bulk::take_slice_data(&mut r.slices);
                     match bulk::f32_body_len(&r.slices) {
                         Ok(_) => Ok((r.encode_to_vec(), body)),
-                        Err(e) => Err(Status::internal(format!("bulk answer: {e}"))),
+                        Err(e) => Err(refusal(
+                            Code::Internal,
+                            reason::INTERNAL,
+                            format!("bulk answer: {e}"),
+                            [],
+                        )),
                     }
                 }
                 Err(s) => Err(s),
@@ -163,9 +176,12 @@ async fn call<S: Store>(
         }
         other => {
             discard(sock, head.body_len).await?;
-            Ok(Err(Status::unimplemented(format!(
-                "bulk method {other} is unknown to this shard (1 PushDense, 2 PullDense)"
-            ))))
+            Ok(Err(refusal(
+                Code::Unimplemented,
+                reason::NOT_ON_BULK_STREAM,
+                format!("bulk method {other} is unknown to this shard (1 PushDense, 2 PullDense)"),
+                [("method", other.to_string())],
+            )))
         }
     }
 }
@@ -176,42 +192,70 @@ fn push_header(
     header: &[u8],
     max_request_bytes: usize,
 ) -> Result<pb::PushDenseRequest, Status> {
-    let req = pb::PushDenseRequest::decode(header).map_err(|e| {
-        Status::invalid_argument(format!("bulk PushDense header does not decode: {e}"))
-    })?;
-    let want = bulk::f32_body_len(&req.slices).map_err(Status::invalid_argument)?;
+    let req = pb::PushDenseRequest::decode(header)
+        .map_err(|e| bad_header(format!("the PushDense header does not decode: {e}")))?;
+    if req
+        .slices
+        .iter()
+        .any(|s| s.values.as_ref().is_some_and(|v| !bulk::is_plain_f32(v)))
+    {
+        return Err(not_on_bulk_stream(
+            "the bulk stream carries uncompressed ENCODING_F32 pushes only; send other \
+             encodings through gRPC",
+        ));
+    }
+    let want = bulk::f32_body_len(&req.slices).map_err(bad_header)?;
     if want != head.body_len {
-        return Err(Status::invalid_argument(format!(
+        return Err(bad_header(format!(
             "the slices hold {want} bytes of f32 values but the body is {} bytes",
             head.body_len
         )));
     }
     let len = head.body_len.saturating_add(header.len() as u64);
     if len > max_request_bytes as u64 {
-        return Err(Status::resource_exhausted(format!(
-            "request too large: {len} bytes, over the shard's limit of {max_request_bytes}; \
-             send smaller requests or raise the server's --max-request-bytes"
-        )));
+        return Err(refusal(
+            Code::ResourceExhausted,
+            reason::REQUEST_TOO_LARGE,
+            format!(
+                "request too large: {len} bytes, over the shard's limit of {max_request_bytes}; \
+                 send smaller requests or raise the server's --max-request-bytes"
+            ),
+            [("limit_bytes", max_request_bytes.to_string())],
+        ));
     }
     Ok(req)
 }
 
 /// A pull's header: plain f32, no body.
 fn pull_header(head: Head, header: &[u8]) -> Result<pb::PullDenseRequest, Status> {
-    let req = pb::PullDenseRequest::decode(header).map_err(|e| {
-        Status::invalid_argument(format!("bulk PullDense header does not decode: {e}"))
-    })?;
+    let req = pb::PullDenseRequest::decode(header)
+        .map_err(|e| bad_header(format!("the PullDense header does not decode: {e}")))?;
     if head.body_len != 0 {
-        return Err(Status::invalid_argument("a bulk PullDense has no body"));
+        return Err(bad_header("a bulk PullDense has no body".into()));
     }
     if !matches!(req.accept(), pb::Encoding::F32 | pb::Encoding::Unspecified) || req.delta.is_some()
     {
-        return Err(Status::invalid_argument(
+        return Err(not_on_bulk_stream(
             "the bulk stream answers plain f32 pulls only; pull other encodings and deltas \
              through gRPC",
         ));
     }
     Ok(req)
+}
+
+/// A call the bulk stream does not carry, which gRPC does.
+fn not_on_bulk_stream(message: &str) -> Status {
+    refusal(
+        Code::InvalidArgument,
+        reason::NOT_ON_BULK_STREAM,
+        message,
+        [],
+    )
+}
+
+/// A bulk call whose header does not match the stream's framing rules.
+fn bad_header(reason: String) -> Status {
+    invalid_field(&ValidationError::new("bulk header", reason))
 }
 
 /// Reads exactly `len` bytes of body into one buffer, without zeroing it first.

@@ -30,7 +30,19 @@ use std::path::{Path, PathBuf};
 
 use ps_core::PushId;
 
-use crate::store::StoreError;
+/// The dense log's errors.
+#[derive(Debug, thiserror::Error)]
+pub enum DenseLogError {
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+    /// A record whose checksum is good does not parse: the log is damaged, not torn.
+    #[error("{path} at position {position}: {reason}")]
+    Corrupt {
+        path: String,
+        position: u64,
+        reason: String,
+    },
+}
 
 const MAGIC: u32 = 0x4C44_5350; // "PSDL"
 const MAGIC_IMAGE: u32 = 0x4944_5350; // "PSDI"
@@ -109,7 +121,7 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
 
 impl DenseLog {
     /// Opens (or creates) the log file; nothing is read until [`DenseLog::replay`].
-    pub fn open(opts: &DenseLogOptions) -> Result<Self, StoreError> {
+    pub fn open(opts: &DenseLogOptions) -> Result<Self, DenseLogError> {
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -144,7 +156,7 @@ impl DenseLog {
     }
 
     /// Empties the log (for a new database, which must not read a stranger's records).
-    pub fn reset(&mut self) -> Result<(), StoreError> {
+    pub fn reset(&mut self) -> Result<(), DenseLogError> {
         self.file.set_len(0)?;
         reserve(&self.file, self.capacity)?;
         self.head = 0;
@@ -263,7 +275,7 @@ impl DenseLog {
 
     /// Writes the current record (the caller checked [`DenseLog::fits`]); returns its length
     /// (it starts at [`DenseLog::head`] less that length).
-    pub fn commit(&mut self) -> Result<u64, StoreError> {
+    pub fn commit(&mut self) -> Result<u64, DenseLogError> {
         let entries = self.entries;
         let len = self.buf.len() as u64;
         let pos = self.place(len);
@@ -284,11 +296,11 @@ impl DenseLog {
 
     /// Reads the live records from `from` (the stored snapshot position) on, in order, and
     /// leaves the head after the last good one. A record that fails its checks ends the log.
-    pub fn replay(
+    pub fn replay<E: From<DenseLogError>>(
         &mut self,
         from: u64,
-        visit: &mut dyn FnMut(Logged<'_>) -> Result<(), StoreError>,
-    ) -> Result<u64, StoreError> {
+        visit: &mut dyn FnMut(Logged<'_>) -> Result<(), E>,
+    ) -> Result<u64, E> {
         self.snapshot = from;
         self.head = from;
         let mut records = 0;
@@ -309,7 +321,9 @@ impl DenseLog {
                 break; // would reach past the live window: older data
             }
             body.resize(len as usize, 0);
-            self.file.read_exact_at(&mut body, pos % self.capacity)?;
+            self.file
+                .read_exact_at(&mut body, pos % self.capacity)
+                .map_err(DenseLogError::Io)?;
             if crc32fast::hash(&body[8..]) != u32_at(&body, 4) {
                 break; // a torn record: the process died while writing it
             }
@@ -319,10 +333,12 @@ impl DenseLog {
                 parse(&body).map(Logged::Pushes)
             };
             let Some(logged) = logged else {
-                return Err(StoreError::Corrupt(format!(
-                    "dense log {} at position {pos}: a record with a good checksum does not parse",
-                    self.path.display()
-                )));
+                return Err(DenseLogError::Corrupt {
+                    path: self.path.display().to_string(),
+                    position: pos,
+                    reason: "a record with a good checksum does not parse".into(),
+                }
+                .into());
             };
             visit(logged)?;
             records += 1;
@@ -337,7 +353,7 @@ impl DenseLog {
         &self,
         pos: u64,
         header: &mut [u8; HEADER],
-    ) -> Result<Option<(u64, bool)>, StoreError> {
+    ) -> Result<Option<(u64, bool)>, DenseLogError> {
         let off = pos % self.capacity;
         if off + HEADER as u64 > self.capacity {
             return Ok(None);
@@ -469,7 +485,7 @@ mod tests {
 
     fn seqs(log: &mut DenseLog, from: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        log.replay(from, &mut |logged| {
+        log.replay(from, &mut |logged| -> Result<(), DenseLogError> {
             let Logged::Pushes(pushes) = logged else {
                 out.push(0);
                 return Ok(());
@@ -547,7 +563,7 @@ mod tests {
         let mut cells = Vec::new();
         let mut reopened = open(dir.path(), 1 << 16);
         reopened
-            .replay(image_at, &mut |logged| {
+            .replay(image_at, &mut |logged| -> Result<(), DenseLogError> {
                 match logged {
                     Logged::Image(image) => {
                         for c in image {

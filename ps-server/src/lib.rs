@@ -15,12 +15,11 @@ pub mod metrics;
 pub use ps_core::optim;
 pub mod registration;
 pub mod service;
+mod status;
 pub mod store;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use parking_lot::RwLock;
 
 use ps_proto::v1::parameter_server_server::ParameterServerServer;
 use ps_runtime::grpc::GrpcOptions;
@@ -29,9 +28,8 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{Args, ServerConfig};
-use engine::{Engine, EngineConfig};
-use registration::MapEpoch;
-use service::{EngineSlot, PsService, Reopen};
+use engine::{Engine, EngineConfig, MapEpoch, Reopen, Shard};
+use service::PsService;
 use store::{MemoryStore, RocksStore, Store};
 
 /// Runs a shard on `listener` (and `/metrics` on `metrics_listener`) until `shutdown` is
@@ -135,6 +133,8 @@ async fn serve<S: Store>(
         group_commit_bytes: cfg.group_commit_bytes,
         max_queued_bytes: cfg.max_queued_bytes,
         pull_replica_bytes: cfg.pull_replica_bytes,
+        dense_log_bytes: cfg.rocksdb.dense_log_mib << 20,
+        sync: cfg.rocksdb.sync,
         map_epoch,
     };
     let engine = tokio::task::spawn_blocking(move || Engine::open(store, engine_cfg)).await??;
@@ -145,19 +145,16 @@ async fn serve<S: Store>(
         sync = cfg.rocksdb.sync,
         "shard ready"
     );
-    let slot: EngineSlot<S> = Arc::new(RwLock::new(engine));
+    let shard = Arc::new(Shard::new(engine, restore));
     let bulk_listener = match cfg.bulk_listen {
         Some(addr) => Some(TcpListener::bind(addr).await.map_err(|e| {
             anyhow::anyhow!("cannot listen for the bulk stream on {addr}: {e} (--bulk-listen)")
         })?),
         None => None,
     };
-    let mut svc = PsService::new(slot.clone(), cfg.max_request_bytes);
+    let mut svc = PsService::new(shard.clone(), cfg.max_request_bytes);
     if let Some(l) = &bulk_listener {
         svc = svc.with_bulk_port(l.local_addr()?.port());
-    }
-    if let Some((dir, reopen)) = restore {
-        svc = svc.with_restore(dir, reopen);
     }
     let svc = Arc::new(svc);
     ready.bulk = bulk_listener
@@ -188,7 +185,6 @@ async fn serve<S: Store>(
     if let Some(b) = bulk_served {
         b.await?;
     }
-    let engine = slot.read().clone();
-    tokio::task::spawn_blocking(move || engine.close()).await?;
+    tokio::task::spawn_blocking(move || shard.close()).await?;
     served
 }

@@ -4,8 +4,6 @@ use std::time::Duration;
 
 use metrics::{counter, describe_counter, describe_histogram, histogram};
 
-use crate::engine::{EngineError, PushOutcome};
-
 /// Describes every metric (for HELP lines); call once at start-up.
 pub fn describe() {
     describe_counter!(
@@ -67,21 +65,22 @@ pub fn describe() {
     );
 }
 
-pub fn push_outcome(table: &str, kind: &'static str, r: &Result<PushOutcome, EngineError>) {
-    let outcome = match r {
-        Ok(o) if o.duplicate => "duplicate",
-        Ok(_) => "applied",
-        Err(_) => "error",
-    };
+/// Counts a push the writer answered: applied or a duplicate, with its values.
+pub fn push_done(table: &str, kind: &'static str, duplicate: bool, applied: u64, skipped: u64) {
+    let outcome = if duplicate { "duplicate" } else { "applied" };
     counter!("ps_push_requests_total", "table" => table.to_owned(), "kind" => kind, "outcome" => outcome)
         .increment(1);
-    if let Ok(o) = r {
-        counter!("ps_push_values_total", "table" => table.to_owned()).increment(o.applied_values);
-        if o.skipped_non_finite > 0 {
-            counter!("ps_push_skipped_non_finite_total", "table" => table.to_owned())
-                .increment(o.skipped_non_finite);
-        }
+    counter!("ps_push_values_total", "table" => table.to_owned()).increment(applied);
+    if skipped > 0 {
+        counter!("ps_push_skipped_non_finite_total", "table" => table.to_owned())
+            .increment(skipped);
     }
+}
+
+/// Counts a push the writer could not apply.
+pub fn push_failed(table: &str, kind: &'static str) {
+    counter!("ps_push_requests_total", "table" => table.to_owned(), "kind" => kind, "outcome" => "error")
+        .increment(1);
 }
 
 pub fn pulled(table: &str, kind: &'static str, values: u64) {

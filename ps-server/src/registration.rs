@@ -6,12 +6,11 @@
 //! a shard learns of a map change in one round trip, not at its next heartbeat.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::sync::Notify;
-
 use ps_proto::v1 as pb;
+
+use crate::engine::MapEpoch;
 use ps_proto::v1::scheduler_client::SchedulerClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
@@ -25,32 +24,6 @@ pub struct Registration {
     pub num_shards: u32,
     pub virtual_nodes: u32,
     pub map_epoch: Arc<MapEpoch>,
-}
-
-/// The shard-map epoch a shard learnt from the scheduler (0: none yet), shared by the
-/// registration task, which sets it, and the engine, which checks requests against it.
-#[derive(Debug, Default)]
-pub struct MapEpoch {
-    epoch: AtomicU64,
-    /// Woken when a request brings a newer epoch than `epoch`.
-    behind: Notify,
-}
-
-impl MapEpoch {
-    pub fn get(&self) -> u64 {
-        self.epoch.load(Ordering::Acquire)
-    }
-
-    fn set(&self, epoch: u64) {
-        self.epoch.store(epoch, Ordering::Release);
-    }
-
-    /// A request was routed with a newer epoch than this shard knows: the registration task
-    /// heartbeats now instead of at its next tick. Wakes at most one pending heartbeat however
-    /// many requests call it.
-    pub fn behind(&self) {
-        self.behind.notify_one();
-    }
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -121,7 +94,7 @@ impl Registration {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(lease / 3) => {}
-                () = self.map_epoch.behind.notified() => {}
+                () = self.map_epoch.fell_behind() => {}
                 () = shutdown.cancelled() => return,
             }
             let hb = client

@@ -1,7 +1,9 @@
 //! The gRPC edge: converts wire messages into domain types (validating them), calls the engine,
-//! and maps every error to one status code. Nothing past this file sees prost types.
+//! and answers every error through the one mapping in `status.rs`. Nothing past this file sees
+//! prost types.
 
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use ps_core::{PullDense, PullSparse, PushDense, PushSparse, TableName, TableSpec};
 use ps_proto::v1 as pb;
@@ -9,67 +11,35 @@ use ps_proto::v1::parameter_server_server::ParameterServer;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-use parking_lot::RwLock;
-
-use crate::checkpoint::{self, Manifest};
-use crate::engine::{Engine, EngineError, PushOutcome};
+use crate::engine::{Engine, EngineError, PushOutcome, Shard, TableStatsView};
 use crate::metrics as m;
-use crate::store::{Store, StoreError};
-
-impl From<EngineError> for Status {
-    fn from(e: EngineError) -> Self {
-        match e {
-            EngineError::InvalidArgument(m) => Status::invalid_argument(m),
-            EngineError::NotFound(m) => Status::not_found(m),
-            EngineError::AlreadyExists(m) => Status::already_exists(m),
-            EngineError::OutOfRange(m) => Status::out_of_range(m),
-            EngineError::FailedPrecondition(m) => Status::failed_precondition(m),
-            EngineError::Unavailable(m) => Status::unavailable(m),
-            EngineError::Store(e) => Status::internal(format!("storage error: {e}")),
-        }
-    }
-}
-
-/// The shard's engine; a restore replaces it while the service runs.
-pub type EngineSlot<S> = Arc<RwLock<Engine<S>>>;
-
-/// Opens a store at a RocksDB directory (after a restore).
-pub type Reopen<S> = Arc<dyn Fn(&Path) -> Result<S, StoreError> + Send + Sync>;
+use crate::store::Store;
 
 /// The `ps.v1.ParameterServer` service of one shard.
 pub struct PsService<S: Store> {
-    slot: EngineSlot<S>,
+    shard: Arc<Shard<S>>,
     max_request_bytes: usize,
     /// The bulk stream's port, advertised by `ShardInfo`; 0 when it has none.
     bulk_port: u16,
     /// Calls answered on the bulk stream.
     bulk_calls: AtomicU64,
-    /// The data directory and how to open a store in it; `None` in the in-memory mode.
-    restore: Option<(PathBuf, Reopen<S>)>,
-    restoring: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl<S: Store> std::fmt::Debug for PsService<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PsService")
-            .field("engine", &*self.slot.read())
+            .field("shard", &self.shard)
             .finish_non_exhaustive()
     }
 }
 
 impl<S: Store> PsService<S> {
-    pub fn new(slot: EngineSlot<S>, max_request_bytes: usize) -> Self {
+    pub fn new(shard: Arc<Shard<S>>, max_request_bytes: usize) -> Self {
         Self {
-            slot,
+            shard,
             max_request_bytes,
             bulk_port: 0,
             bulk_calls: AtomicU64::new(0),
-            restore: None,
-            restoring: Arc::new(tokio::sync::Mutex::new(())),
         }
     }
 
@@ -84,22 +54,15 @@ impl<S: Store> PsService<S> {
         self.bulk_calls.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Enables `RestoreCheckpoint`: checkpoints are installed as new generations of `data_dir`
-    /// and opened with `reopen`.
-    pub fn with_restore(mut self, data_dir: PathBuf, reopen: Reopen<S>) -> Self {
-        self.restore = Some((data_dir, reopen));
-        self
-    }
-
     /// The engine serving requests now.
     fn engine(&self) -> Engine<S> {
-        self.slot.read().clone()
+        self.shard.engine()
     }
 }
 
 /// Counts a refused request and converts the error.
-fn refuse(method: &'static str, e: impl Into<Status>) -> Status {
-    let s: Status = e.into();
+fn refuse(method: &'static str, e: impl Into<EngineError>) -> Status {
+    let s: Status = e.into().into();
     m::request_error(method, s.code());
     tracing::debug!(method, code = ?s.code(), message = s.message(), "request refused");
     s
@@ -111,27 +74,6 @@ fn push_response(o: PushOutcome) -> Response<pb::PushResponse> {
         applied_values: o.applied_values,
         skipped_non_finite: o.skipped_non_finite,
     })
-}
-
-fn checkpoint_name(requested: String) -> Result<String, Status> {
-    if requested.is_empty() {
-        let ms = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map(|d| d.as_millis())
-            .unwrap_or(0);
-        return Ok(format!("ckpt-{ms}"));
-    }
-    if requested.len() > 64
-        || !requested
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
-        || requested.starts_with('.')
-    {
-        return Err(Status::invalid_argument(format!(
-            "checkpoint name `{requested}` must be 1 to 64 characters of [A-Za-z0-9_.-], not starting with `.`"
-        )));
-    }
-    Ok(requested)
 }
 
 #[tonic::async_trait]
@@ -163,7 +105,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         let spec = req
             .into_inner()
             .spec
-            .ok_or_else(|| refuse(M, Status::invalid_argument("`spec` is required")))?;
+            .ok_or_else(|| refuse(M, ps_core::ValidationError::new("spec", "is required")))?;
         let spec = TableSpec::try_from(spec).map_err(|e| refuse(M, e))?;
         tracing::Span::current().record("table", spec.name.as_str());
         let (spec, created) = self
@@ -285,46 +227,17 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::CheckpointRequest>,
     ) -> Result<Response<pb::CheckpointResponse>, Status> {
         const M: &str = "Checkpoint";
-        let name = checkpoint_name(req.into_inner().name).map_err(|e| refuse(M, e))?;
-        tracing::Span::current().record("name", name.as_str());
         let done = self
-            .engine()
-            .checkpoint(name)
+            .shard
+            .checkpoint(req.into_inner().name)
             .await
             .map_err(|e| refuse(M, e))?;
-        let engine = self.engine();
-        let cfg = engine.config();
-        let manifest = Manifest {
-            format: 1,
-            name: done.name.clone(),
-            shard_index: cfg.shard_index,
-            num_shards: cfg.num_shards,
-            sequence: done.sequence,
-            created_unix_ms: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map(|d| d.as_millis() as u64)
-                .unwrap_or(0),
-            tables: self
-                .engine()
-                .list_tables()
-                .into_iter()
-                .map(|t| t.name.to_string())
-                .collect(),
-            files: Vec::new(),
-        };
-        // Checksumming reads every file: off the runtime, and off the writer thread.
-        let dir = done.path.clone();
-        let manifest =
-            tokio::task::spawn_blocking(move || checkpoint::write_manifest(&dir, manifest))
-                .await
-                .map_err(|e| refuse(M, Status::internal(format!("manifest task: {e}"))))?
-                .map_err(|e| refuse(M, Status::internal(format!("writing the manifest: {e}"))))?;
-        tracing::info!(name = %done.name, files = manifest.files.len(), bytes = manifest.total_bytes(), "checkpoint written");
+        tracing::Span::current().record("name", done.name.as_str());
         Ok(Response::new(pb::CheckpointResponse {
             name: done.name,
             path: done.path.display().to_string(),
-            files: manifest.files.len() as u64,
-            bytes: manifest.total_bytes(),
+            files: done.files,
+            bytes: done.bytes,
             sequence: done.sequence,
         }))
     }
@@ -336,62 +249,12 @@ impl<S: Store> ParameterServer for PsService<S> {
     ) -> Result<Response<pb::RestoreCheckpointResponse>, Status> {
         const M: &str = "RestoreCheckpoint";
         let name = req.into_inner().name;
-        if name.is_empty() {
-            return Err(refuse(
-                M,
-                Status::invalid_argument("`name` is empty; name the checkpoint"),
-            ));
-        }
-        let name = checkpoint_name(name).map_err(|e| refuse(M, e))?;
         tracing::Span::current().record("name", name.as_str());
-        let Some((data_dir, reopen)) = self.restore.clone() else {
-            return Err(refuse(
-                M,
-                Status::failed_precondition("this shard runs in memory and has no checkpoints"),
-            ));
-        };
-        let engine = self.engine();
-        let Some(ckpt_root) = engine.config().checkpoint_dir.clone() else {
-            return Err(refuse(
-                M,
-                Status::failed_precondition("this shard keeps no checkpoints"),
-            ));
-        };
-        let ckpt = ckpt_root.join(&name);
-        if !ckpt.is_dir() {
-            return Err(refuse(
-                M,
-                Status::not_found(format!("this shard has no checkpoint named `{name}`")),
-            ));
-        }
-        // One restore at a time; requests keep being served by the old engine until the swap.
-        let _one = self.restoring.lock().await;
-        let cfg = engine.config().clone();
-        drop(engine);
-        let opened = tokio::task::spawn_blocking(move || {
-            let (db, manifest) = checkpoint::install_generation(&ckpt, &data_dir)?;
-            let store = reopen(&db)?;
-            let engine = Engine::open(store, cfg)?;
-            anyhow::Ok((engine, manifest))
-        })
-        .await
-        .map_err(|e| refuse(M, Status::internal(format!("restore task: {e}"))))?
-        .map_err(|e| refuse(M, Status::internal(format!("restoring `{name}`: {e:#}"))))?;
-        let (fresh, manifest) = opened;
-        let old = std::mem::replace(&mut *self.slot.write(), fresh);
-        // Drains the old writer; its store closes when the last in-flight request drops it.
-        tokio::task::spawn_blocking(move || old.close())
-            .await
-            .map_err(|e| refuse(M, Status::internal(format!("closing the old engine: {e}"))))?;
-        tracing::warn!(
-            name,
-            sequence = manifest.sequence,
-            "shard state replaced by a checkpoint"
-        );
+        let done = self.shard.restore(name).await.map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::RestoreCheckpointResponse {
-            files: manifest.files.len() as u64,
-            bytes: manifest.total_bytes(),
-            sequence: manifest.sequence,
+            files: done.files,
+            bytes: done.bytes,
+            sequence: done.sequence,
         }))
     }
 
@@ -417,7 +280,7 @@ impl<S: Store> ParameterServer for PsService<S> {
     }
 }
 
-fn table_stats(t: crate::engine::TableStatsView) -> pb::TableStats {
+fn table_stats(t: TableStatsView) -> pb::TableStats {
     pb::TableStats {
         name: t.name,
         rows: t.rows,

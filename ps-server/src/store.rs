@@ -10,8 +10,6 @@ use rocksdb::{
     ColumnFamilyDescriptor, DB, DBCompressionType, MemtableFactory, Options, WriteOptions,
 };
 
-use crate::dense_log::DenseLogOptions;
-
 /// The column families: parameters, optimizer state, and metadata (table specs, applied push
 /// ids, the shard's identity).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -80,8 +78,9 @@ pub trait Store: Send + Sync + 'static {
     /// (every dense chunk this shard holds), so that it can size its write buffers to hold a
     /// few versions of them.
     fn working_set_hint(&self, _bytes: u64) {}
-    /// The dense-gradient log that goes with this store, if it keeps one.
-    fn dense_log(&self) -> Option<DenseLogOptions> {
+    /// The database directory of a durable store (what lives beside it, such as the dense
+    /// log, is named after it); `None` in memory.
+    fn location(&self) -> Option<&Path> {
         None
     }
 }
@@ -128,7 +127,6 @@ pub struct RocksStore {
     sync: bool,
     /// The configured write-buffer size: the floor of the adaptive one.
     base_write_buffer: u64,
-    dense_log_bytes: u64,
 }
 
 impl std::fmt::Debug for RocksStore {
@@ -172,7 +170,6 @@ impl RocksStore {
             path: path.to_owned(),
             sync: opts.sync,
             base_write_buffer: (opts.write_buffer_mib as u64) << 20,
-            dense_log_bytes: opts.dense_log_mib << 20,
         })
     }
 
@@ -282,12 +279,8 @@ impl Store for RocksStore {
         true
     }
 
-    fn dense_log(&self) -> Option<DenseLogOptions> {
-        (self.dense_log_bytes > 0).then(|| DenseLogOptions {
-            path: crate::dense_log::path_for(&self.path),
-            capacity: self.dense_log_bytes,
-            sync: self.sync,
-        })
+    fn location(&self) -> Option<&Path> {
+        Some(&self.path)
     }
 
     fn working_set_hint(&self, bytes: u64) {

@@ -657,15 +657,28 @@ async fn bulk_call(
     (head.kind, header, body)
 }
 
-/// A refusal on the bulk stream: its code and message.
-fn bulk_refused(code: Code, hint: &str, (got, header, body): (u32, Vec<u8>, Vec<u8>)) {
+/// A refusal on the bulk stream: its code, message, and the `ErrorInfo` reason in its body
+/// (the error details gRPC would send in its trailer).
+fn bulk_refused(
+    code: Code,
+    reason: &str,
+    hint: &str,
+    (got, header, body): (u32, Vec<u8>, Vec<u8>),
+) {
+    use tonic_types::StatusExt;
     let message = String::from_utf8(header).unwrap();
     assert_eq!(Code::from_i32(got as i32), code, "{message}");
     assert!(
         message.contains(hint),
         "`{message}` should mention `{hint}`"
     );
-    assert!(body.is_empty());
+    let status = tonic::Status::with_details(code, message.clone(), body.into());
+    let info = status.get_details_error_info().expect("error details");
+    assert_eq!(
+        (info.domain.as_str(), info.reason.as_str()),
+        ("ps.v1", reason),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -771,38 +784,44 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
     let bad_pushes = [
         (
             Code::NotFound,
+            "TABLE_NOT_FOUND",
             "nope",
             push("nope", push_id(), one, pb::Encoding::F32),
             grad[0].clone(),
         ),
         (
             Code::InvalidArgument,
+            "INVALID_FIELD",
             "body",
             push("d4", push_id(), one, pb::Encoding::F32),
             values(&[1.0; 3]),
         ),
         (
             Code::InvalidArgument,
+            "NOT_ON_BULK_STREAM",
             "through gRPC",
             push("d4", push_id(), one, pb::Encoding::F16),
             values(&[1.0; 2]),
         ),
         (
             Code::InvalidArgument,
+            "NON_FINITE",
             "NaN",
             push("d4", push_id(), one, pb::Encoding::F32),
             values(&[1.0, f32::NAN, 0.0, 0.0]),
         ),
         (
             Code::InvalidArgument,
+            "INVALID_FIELD",
             "push_id",
             push("d4", None, one, pb::Encoding::F32),
             grad[0].clone(),
         ),
     ];
-    for (code, hint, req, body) in bad_pushes {
+    for (code, reason, hint, req, body) in bad_pushes {
         bulk_refused(
             code,
+            reason,
             hint,
             bulk_call(&mut sock, PUSH_DENSE, &req, &[body]).await,
         );
@@ -815,6 +834,7 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
     let mib = bytes::Bytes::from(vec![0u8; 1 << 20]);
     bulk_refused(
         Code::ResourceExhausted,
+        "REQUEST_TOO_LARGE",
         "--max-request-bytes",
         bulk_call(&mut sock, PUSH_DENSE, &big, &[mib.clone(), mib]).await,
     );
@@ -824,11 +844,13 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
     };
     bulk_refused(
         Code::InvalidArgument,
+        "NOT_ON_BULK_STREAM",
         "through gRPC",
         bulk_call(&mut sock, PULL_DENSE, &f16_pull, &[]).await,
     );
     bulk_refused(
         Code::Unimplemented,
+        "NOT_ON_BULK_STREAM",
         "unknown",
         bulk_call(&mut sock, 9, &pull, &[]).await,
     );

@@ -158,7 +158,8 @@ impl SchedulerApi for SchedulerService {
             .into_inner()
             .spec
             .ok_or_else(|| Status::invalid_argument("`spec` is missing"))?;
-        let spec = JobSpec::try_from(spec).map_err(|e| e.within("spec"))?;
+        let spec = JobSpec::try_from(spec)
+            .map_err(|e| ps_runtime::status::invalid_field(&e.within("spec")))?;
         let name = spec.name.clone();
         self.sched.submit(spec).await?;
         Ok(Response::new(self.status(&name)?))

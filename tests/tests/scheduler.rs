@@ -599,6 +599,8 @@ async fn bad_input_gets_a_clear_status_and_changes_nothing() {
     let e = ps.push_dense("epoch-probe", &[1.0; 4]).await.unwrap_err();
     assert_eq!(e.code(), Some(tonic::Code::FailedPrecondition), "{e}");
     assert!(e.to_string().contains("stale shard map"), "{e}");
+    // Any client can tell it from the error details, without reading the message.
+    assert_eq!(e.reason(), Some(ps_core::wire::reason::STALE_MAP), "{e}");
     ps.set_map_epoch(map.epoch);
     assert_eq!(
         ps.pull_dense("epoch-probe").await.unwrap(),

@@ -165,7 +165,7 @@ impl BulkPool {
                 let (body_len, answer) = read_answer(&mut s).await?;
                 let header = match answer {
                     Ok(h) => h,
-                    // A refusal has no body; the stream stays usable.
+                    // A refusal's body was read with it; the stream stays usable.
                     Err(status) => return Ok(Err(status)),
                 };
                 let resp = pb::PullDenseResponse::decode(header.as_slice())
@@ -213,20 +213,25 @@ fn protocol(msg: impl Into<String>) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidData, msg.into())
 }
 
-/// Reads an answer's head and header: the body's length, and the header of an OK answer or
-/// the status a refusal carries (a refusal has no body).
+/// Reads an answer's head and header: the body's length and the header of an OK answer, or
+/// the status a refusal carries (its body, the error details, read with it).
 async fn read_answer(s: &mut TcpStream) -> io::Result<(u64, Result<Vec<u8>, Status>)> {
+    /// Error details are a few hundred bytes; more is not a refusal of ours.
+    const MAX_DETAILS: u64 = 64 << 10;
     let (head, header) = bulk::read_head(s, 64 << 20)
         .await?
         .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
     if head.kind == 0 {
         return Ok((head.body_len, Ok(header)));
     }
-    if head.body_len != 0 {
-        return Err(protocol("a refusal with a body"));
+    if head.body_len > MAX_DETAILS {
+        return Err(protocol("a refusal with a body larger than error details"));
     }
+    let mut details = vec![0u8; head.body_len as usize];
+    s.read_exact(&mut details).await?;
     let code = i32::try_from(head.kind).map_or(tonic::Code::Unknown, tonic::Code::from_i32);
-    Ok((0, Err(Status::new(code, String::from_utf8_lossy(&header)))))
+    let message = String::from_utf8_lossy(&header).into_owned();
+    Ok((0, Err(Status::with_details(code, message, details.into()))))
 }
 
 /// Checks that a pull's answer is what was asked: one plain-f32 slice per requested chunk, in

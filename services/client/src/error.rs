@@ -9,6 +9,8 @@ pub enum ClientError {
         shard: usize,
         endpoint: String,
         code: tonic::Code,
+        /// The `google.rpc.ErrorInfo` reason the shard gave (`ps_core::wire::reason`).
+        reason: Option<String>,
         message: String,
     },
     /// The scheduler answered with an error status (after any retries).
@@ -16,6 +18,8 @@ pub enum ClientError {
     Scheduler {
         endpoint: String,
         code: tonic::Code,
+        /// The `google.rpc.ErrorInfo` reason the scheduler gave (`ps_core::wire::reason`).
+        reason: Option<String>,
         message: String,
     },
     /// The endpoint list does not describe the cluster.
@@ -35,15 +39,41 @@ impl ClientError {
             shard,
             endpoint: endpoint.to_owned(),
             code: s.code(),
+            reason: reason_of(&s),
             message: s.message().to_owned(),
         }
     }
 
-    /// The gRPC code when a shard answered with an error.
+    pub(crate) fn from_scheduler(endpoint: &str, s: tonic::Status) -> Self {
+        Self::Scheduler {
+            endpoint: endpoint.to_owned(),
+            code: s.code(),
+            reason: reason_of(&s),
+            message: s.message().to_owned(),
+        }
+    }
+
+    /// The gRPC code when a service answered with an error.
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             Self::Status { code, .. } | Self::Scheduler { code, .. } => Some(*code),
             _ => None,
         }
     }
+
+    /// Why a service refused the call (`ps_core::wire::reason`), when it said.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Self::Status { reason, .. } | Self::Scheduler { reason, .. } => reason.as_deref(),
+            _ => None,
+        }
+    }
+}
+
+/// The `google.rpc.ErrorInfo` reason of a status from one of the services, if it carries one.
+pub(crate) fn reason_of(s: &tonic::Status) -> Option<String> {
+    use tonic_types::StatusExt;
+    s.get_details_error_info()
+        .filter(|i| i.domain == ps_core::wire::ERROR_DOMAIN)
+        .map(|i| i.reason)
 }

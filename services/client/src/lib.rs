@@ -1267,8 +1267,7 @@ impl Inner {
     /// Whether the shard refused a request for its old map epoch, and the map can be fetched.
     fn is_stale_map(&self, s: &tonic::Status) -> bool {
         self.cfg.map_source.is_some()
-            && s.code() == tonic::Code::FailedPrecondition
-            && s.message().starts_with(ps_core::wire::STALE_MAP)
+            && error::reason_of(s).as_deref() == Some(ps_core::wire::reason::STALE_MAP)
     }
 
     /// Fetches the shard map when the client is still at epoch `seen`; adopts it when it is

@@ -32,14 +32,6 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::{ClientConfig, ClientError, PsClient};
 
-fn status_err(endpoint: &str, s: tonic::Status) -> ClientError {
-    ClientError::Scheduler {
-        endpoint: endpoint.to_owned(),
-        code: s.code(),
-        message: s.message().to_owned(),
-    }
-}
-
 /// A connection to the scheduler. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SchedulerClient {
@@ -102,7 +94,7 @@ impl SchedulerClient {
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                     attempt += 1;
                 }
-                Err(s) => return Err(status_err(&self.endpoint, s)),
+                Err(s) => return Err(ClientError::from_scheduler(&self.endpoint, s)),
             }
         }
     }

@@ -32,9 +32,3 @@ impl fmt::Display for ValidationError {
         write!(f, "invalid `{}`: {}", self.field, self.reason)
     }
 }
-
-impl From<ValidationError> for tonic::Status {
-    fn from(e: ValidationError) -> Self {
-        tonic::Status::invalid_argument(e.to_string())
-    }
-}

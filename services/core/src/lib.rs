@@ -39,12 +39,72 @@ pub use table::{
     TableSpec,
 };
 
-/// HTTP/2 flow-control windows that servers and clients both set: a 64 MiB tensor must not
-/// trickle through the default 64 KiB windows.
+/// What servers and clients of the wire protocol agree on beyond the messages.
 pub mod wire {
+    /// HTTP/2 flow-control windows that servers and clients both set: a 64 MiB tensor must not
+    /// trickle through the default 64 KiB windows.
     pub const STREAM_WINDOW: u32 = 16 << 20;
     pub const CONNECTION_WINDOW: u32 = 64 << 20;
-    /// How a shard's `failed_precondition` answer to a request routed with an old shard-map
-    /// epoch begins; clients that can fetch the map recognize it and retry on the new one.
-    pub const STALE_MAP: &str = "stale shard map";
+
+    /// The `domain` of the `google.rpc.ErrorInfo` every refusal of the services carries.
+    pub const ERROR_DOMAIN: &str = "ps.v1";
+
+    /// `google.rpc.ErrorInfo.reason` of each refusal: what went wrong, for any client to act
+    /// on without reading the message. The metadata keys each one carries are listed with it.
+    /// These strings are part of the API (`ps.proto` lists them too).
+    pub mod reason {
+        /// A request field is malformed or out of its range (`field`; a `google.rpc.BadRequest`
+        /// names it too).
+        pub const INVALID_FIELD: &str = "INVALID_FIELD";
+        /// A payload does not decode as its header says (`field`, `encoding`).
+        pub const UNDECODABLE_PAYLOAD: &str = "UNDECODABLE_PAYLOAD";
+        /// A gradient holds NaN or infinity and its table rejects them (`table`).
+        pub const NON_FINITE: &str = "NON_FINITE";
+        /// No such table on this shard (`table`).
+        pub const TABLE_NOT_FOUND: &str = "TABLE_NOT_FOUND";
+        /// The table exists with another spec (`table`).
+        pub const TABLE_SPEC_CONFLICT: &str = "TABLE_SPEC_CONFLICT";
+        /// A dense call on a sparse table or the reverse (`table`, `kind`).
+        pub const WRONG_TABLE_KIND: &str = "WRONG_TABLE_KIND";
+        /// A dense chunk past the end of its table (`table`, `chunk`, `chunks`).
+        pub const CHUNK_OUT_OF_RANGE: &str = "CHUNK_OUT_OF_RANGE";
+        /// A key this shard does not own (`owner`, `shard`, `shards`): the client's shard
+        /// list does not match the cluster.
+        pub const NOT_OWNER: &str = "NOT_OWNER";
+        /// Routed with an older shard map than the shard's (`request_epoch`,
+        /// `current_epoch`): fetch the map and retry.
+        pub const STALE_MAP: &str = "STALE_MAP";
+        /// Routed with a newer shard map than the shard has heard of (`request_epoch`,
+        /// `current_epoch`): retry.
+        pub const MAP_AHEAD: &str = "MAP_AHEAD";
+        /// A shard that has not registered with its scheduler yet (`request_epoch`): retry.
+        pub const NOT_REGISTERED: &str = "NOT_REGISTERED";
+        /// The service is shutting down: retry elsewhere or later.
+        pub const SHUTTING_DOWN: &str = "SHUTTING_DOWN";
+        /// A write to the shard's store failed; it refuses writes until restarted.
+        pub const READ_ONLY: &str = "READ_ONLY";
+        /// The call needs durable state and the shard keeps none (in-memory).
+        pub const NOT_DURABLE: &str = "NOT_DURABLE";
+        /// No such checkpoint (`checkpoint`).
+        pub const CHECKPOINT_NOT_FOUND: &str = "CHECKPOINT_NOT_FOUND";
+        /// A checkpoint of that name exists (`checkpoint`).
+        pub const CHECKPOINT_EXISTS: &str = "CHECKPOINT_EXISTS";
+        /// A request over the server's size limit (`limit_bytes`).
+        pub const REQUEST_TOO_LARGE: &str = "REQUEST_TOO_LARGE";
+        /// A bulk-stream call the stream does not carry (encoded payloads, delta pulls,
+        /// unknown methods): use gRPC.
+        pub const NOT_ON_BULK_STREAM: &str = "NOT_ON_BULK_STREAM";
+        /// The service failed inside (storage, a checkpoint's files): not the caller's fault.
+        pub const INTERNAL: &str = "INTERNAL";
+        /// No such job (`job`).
+        pub const JOB_NOT_FOUND: &str = "JOB_NOT_FOUND";
+        /// A job of that name exists with another spec (`job`).
+        pub const JOB_EXISTS: &str = "JOB_EXISTS";
+        /// The worker is not a live member of the job (`job`, `worker_id`): join again.
+        pub const NOT_A_MEMBER: &str = "NOT_A_MEMBER";
+        /// The job's state does not allow the call (`job`, `state`).
+        pub const JOB_STATE: &str = "JOB_STATE";
+        /// A shard registration that contradicts the cluster (`shard`).
+        pub const SHARD_CONFLICT: &str = "SHARD_CONFLICT";
+    }
 }

@@ -8,7 +8,8 @@
 //!   the drain-then-stop shutdown sequence;
 //! - [`config`]: loading an optional TOML file of tunables;
 //! - [`service`]: the flags every service has (addresses, data dir, drain, ready file), once;
-//! - [`ready`]: the ready file a service writes with the addresses it got.
+//! - [`ready`]: the ready file a service writes with the addresses it got;
+//! - [`status`]: refusals with a `google.rpc.ErrorInfo` reason, for any client to act on.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
@@ -18,6 +19,7 @@ pub mod metrics;
 pub mod ready;
 pub mod service;
 pub mod shutdown;
+pub mod status;
 pub mod telemetry;
 
 pub use tokio_util::sync::CancellationToken;

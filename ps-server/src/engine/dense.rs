@@ -1,0 +1,133 @@
+//! Keeping the dense log from filling: records leave room for an *image* (one record holding
+//! every dense cell) that frees the log behind it; when the cells are too many for one, or a
+//! group is larger than the log takes, a *snapshot* writes every cell into the store with the
+//! log position it covers. A checkpoint and a clean stop snapshot too.
+
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use super::keys::META_LOG_POS;
+use super::table::TableData;
+use super::writer::Queued;
+use super::{EngineError, Inner, Job, Result};
+use crate::dense_log::DenseLog;
+use crate::metrics as m;
+use crate::store::{Cf, Store, StoreBatch};
+
+impl<S: Store> Inner<S> {
+    /// Writes every dense cell into the store with the log position they now cover, so the
+    /// log's records before it may be overwritten. Refused once a write has failed: memory may
+    /// then hold updates whose push ids never reached the store.
+    pub(super) fn snapshot(&self, log: &mut DenseLog) -> Result<()> {
+        self.check_writable()?;
+        let t0 = Instant::now();
+        let mut batch = self.store.batch();
+        let mut scratch = Vec::new();
+        for table in self.tables.read().values() {
+            if let TableData::Dense(chunks) = &table.data {
+                for (&index, cell) in chunks {
+                    table.put_cell(index, &cell.read(), &mut batch, &mut scratch);
+                }
+            }
+        }
+        let head = log.head();
+        batch.put(Cf::Meta, META_LOG_POS, &head.to_le_bytes());
+        let bytes = batch.size_bytes();
+        self.write(batch)
+            .map_err(|cause| EngineError::ReadOnly { cause })?;
+        log.snapshot_taken(head);
+        m::dense_snapshot(bytes, t0.elapsed());
+        Ok(())
+    }
+
+    /// Writes an image of every dense cell into the log and makes it the stored position
+    /// replay starts from, freeing the records before it.
+    fn write_image(&self, log: &mut DenseLog, len: u64) -> Result<()> {
+        self.check_writable()?;
+        let t0 = Instant::now();
+        log.begin_image(len);
+        for table in self.tables.read().values() {
+            if let TableData::Dense(chunks) = &table.data {
+                for (&index, cell) in chunks {
+                    let cell = cell.read();
+                    log.image_cell(table.id, index, cell.step, &cell.data);
+                }
+            }
+        }
+        let written = log.commit().map_err(|e| EngineError::ReadOnly {
+            cause: self.fail(e.to_string()),
+        })?;
+        let at = log.head() - written;
+        let mut batch = self.store.batch();
+        batch.put(Cf::Meta, META_LOG_POS, &at.to_le_bytes());
+        self.write(batch)
+            .map_err(|cause| EngineError::ReadOnly { cause })?;
+        log.snapshot_taken(at);
+        m::dense_image(written, t0.elapsed());
+        Ok(())
+    }
+
+    /// Recomputes what follows from the set of dense cells (after the load, a create or a
+    /// drop): the store's working-set hint and the length of a dense-log image.
+    pub(super) fn dense_cells_changed(&self) {
+        let (mut cells, mut floats) = (0, 0);
+        for table in self.tables.read().values() {
+            if let TableData::Dense(chunks) = &table.data {
+                cells += chunks.len();
+                floats += chunks.values().map(|c| c.read().data.len()).sum::<usize>();
+            }
+        }
+        self.store.working_set_hint(floats as u64 * 4);
+        self.image_len
+            .store(DenseLog::image_len(cells, floats), Ordering::Relaxed);
+    }
+
+    /// Decides where a group's dense gradients go: the log (with the record's length; after an
+    /// image or a snapshot when the record would overwrite live ones), or the store (`None`).
+    /// A group larger than the log takes goes to the store after a snapshot, so that the
+    /// store's cells never lag the log's records behind a newer direct write.
+    pub(super) fn prepare_log(&self, log: &mut DenseLog, pushes: &[Queued]) -> Result<Option<u64>> {
+        let (mut dense, mut chunks, mut bytes) = (0, 0, 0);
+        for (job, _) in pushes {
+            if let Job::Dense(table, push) = job {
+                let Some(shape) = table.spec.dense_shape() else {
+                    continue;
+                };
+                dense += 1;
+                for slice in &push.slices {
+                    let (mut offset, mut chunk) = (0, slice.chunk);
+                    while offset < slice.values.len() {
+                        let Some(n) = shape.chunk_len(chunk) else {
+                            break;
+                        };
+                        offset += n;
+                        chunk += 1;
+                        chunks += 1;
+                    }
+                    bytes += slice.values.len() * 4;
+                }
+            }
+        }
+        if dense == 0 {
+            return Ok(None);
+        }
+        let len = DenseLog::record_len(dense, chunks, bytes);
+        if len > log.max_record() {
+            self.snapshot(log)?;
+            return Ok(None);
+        }
+        // Records leave room for the image that frees the log behind them; when there is no
+        // more, the image is written (or, when the cells are too many for one, a snapshot).
+        let image = self.image_len.load(Ordering::Relaxed);
+        let room = if image <= log.max_image() { image } else { 0 };
+        if !log.fits(len + room) {
+            if room > 0 && log.fits(room) {
+                self.write_image(log, image)?;
+            }
+            if !log.fits(len) {
+                self.snapshot(log)?;
+            }
+        }
+        Ok(Some(len))
+    }
+}

@@ -1,0 +1,309 @@
+//! The shard engine: the hot in-memory layer, the single writer with group commit, and
+//! exactly-once application of pushes.
+//!
+//! Every mutation (push, create, drop, checkpoint) goes through one writer thread. It takes all
+//! queued pushes at once, applies them to the hot layer, puts the updated sparse rows, their
+//! optimizer state and the pushes' (client id, seq) into one batch, appends the dense pushes'
+//! gradients to the dense log ([`crate::dense_log`]) as one record, writes the record and then
+//! the batch (WAL on), and only then answers the callers: a push is durable before it is
+//! acknowledged, and one write serves many concurrent pushes. Reads are served from the hot
+//! layer, concurrently with the writer.
+//!
+//! A write that fails leaves memory ahead of disk, so the engine turns itself read-only
+//! (`unavailable` for every later write) until a restart reloads the durable state.
+//!
+//! Where each part lives:
+//! - [`table`]: a table's cells (dense chunks, sparse rows) and counters;
+//! - [`routing`]: the shard-map epoch and key ownership checks;
+//! - [`validate`]: a push checked and decoded before it is queued;
+//! - [`read`]: pulls, and the replicas delta pulls diff against;
+//! - [`writer`]: the writer thread, group commit, applying pushes;
+//! - [`dense`]: when the dense log takes an image or the store a snapshot;
+//! - [`recovery`]: loading the store and replaying the dense log at start-up;
+//! - [`admin`]: create, drop, checkpoint, statistics;
+//! - [`shard`]: the engine serving now, checkpoints with manifests and restores that swap it;
+//! - [`dedup`], [`keys`]: applied push ids and the stored keys.
+
+mod admin;
+mod dedup;
+mod dense;
+mod error;
+mod keys;
+mod read;
+mod recovery;
+mod routing;
+mod shard;
+mod table;
+mod validate;
+mod writer;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::time::Instant;
+
+use dashmap::DashMap;
+use parking_lot::{Mutex, RwLock};
+use ps_core::{Partitioner, PushDense, PushSparse, TableName, TableSpec};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+pub use admin::{CheckpointDone, ShardStats};
+pub use error::{EngineError, Result};
+pub use read::PulledDense;
+pub use routing::MapEpoch;
+pub use shard::{Checkpointed, Reopen, Restored, Shard};
+pub use table::{Table, TableStatsView};
+
+use crate::dense_log::{DenseLog, DenseLogOptions};
+use crate::store::{Store, StoreError};
+use dedup::Dedup;
+use read::Replica;
+
+/// How the engine is set up.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    pub shard_index: u32,
+    pub num_shards: u32,
+    pub virtual_nodes: u32,
+    /// Where checkpoints are written (`<dir>/<name>`); `None` in the in-memory mode.
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Most bytes of pushes applied in one group commit.
+    pub group_commit_bytes: usize,
+    /// Most bytes of pushes queued for the writer; callers wait beyond it.
+    pub max_queued_bytes: usize,
+    /// Most bytes of replicas kept for delta pulls; beyond it chunks are answered whole.
+    pub pull_replica_bytes: usize,
+    /// Size of the dense-gradient log beside a durable store's database; 0 writes dense
+    /// updates into the store instead.
+    pub dense_log_bytes: u64,
+    /// fdatasync the dense log after every record (with the store's own sync).
+    pub sync: bool,
+    /// The shard-map epoch learnt from the scheduler (0: no scheduler). Shared with the
+    /// registration task, and kept across a restore.
+    pub map_epoch: Arc<MapEpoch>,
+}
+
+/// What a push did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PushOutcome {
+    pub duplicate: bool,
+    pub applied_values: u64,
+    pub skipped_non_finite: u64,
+}
+
+/// A validated push waiting for the writer.
+enum Job {
+    Dense(Arc<Table>, PushDense),
+    Sparse(Arc<Table>, PushSparse),
+}
+
+impl Job {
+    fn bytes(&self) -> usize {
+        match self {
+            Job::Dense(_, p) => p.slices.iter().map(|s| s.values.data().len()).sum(),
+            Job::Sparse(_, p) => p.values.data().len() + p.ids.len() * 8,
+        }
+    }
+
+    fn table(&self) -> &Arc<Table> {
+        match self {
+            Job::Dense(t, _) | Job::Sparse(t, _) => t,
+        }
+    }
+}
+
+/// What the writer thread is asked to do.
+enum Cmd {
+    Push(Job, oneshot::Sender<Result<PushOutcome>>),
+    Create(TableSpec, oneshot::Sender<Result<(TableSpec, bool)>>),
+    Drop(TableName, oneshot::Sender<Result<()>>),
+    Checkpoint(String, oneshot::Sender<Result<CheckpointDone>>),
+    /// Finish what came before, then stop the writer.
+    Stop,
+}
+
+/// Counters for `GetStats`.
+#[derive(Debug, Default)]
+struct Counters {
+    pushes_applied: AtomicU64,
+    pushes_duplicate: AtomicU64,
+    write_batches: AtomicU64,
+    bytes_written: AtomicU64,
+}
+
+/// The state shared by the request handlers and the writer thread.
+struct Inner<S: Store> {
+    store: S,
+    cfg: EngineConfig,
+    partitioner: Partitioner,
+    tables: RwLock<HashMap<TableName, Arc<Table>>>,
+    next_table_id: Mutex<u32>,
+    dedup: Mutex<Dedup>,
+    counters: Counters,
+    /// Set when a write failed (the cause): memory may be ahead of disk.
+    failed: Mutex<Option<String>>,
+    started: Instant,
+    /// What each client was sent of each chunk by delta pulls: (client, table id, chunk).
+    replicas: DashMap<(u64, u32, u64), Replica, foldhash::fast::RandomState>,
+    replica_bytes: AtomicU64,
+    /// The dense-gradient log (durable stores only); used by the writer alone.
+    log: Mutex<Option<DenseLog>>,
+    /// Bytes of a dense-log image of every dense cell ([`DenseLog::image_len`]).
+    image_len: AtomicU64,
+}
+
+impl<S: Store> Inner<S> {
+    /// Refuses a write once a write has failed.
+    fn check_writable(&self) -> Result<()> {
+        match self.failed.lock().clone() {
+            Some(cause) => Err(EngineError::ReadOnly { cause }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A shard's engine. Cloning is cheap; the writer stops when the last clone is dropped.
+pub struct Engine<S: Store> {
+    inner: Arc<Inner<S>>,
+    tx: mpsc::Sender<Cmd>,
+    queue_budget: Arc<Semaphore>,
+    writer: Arc<Mutex<Option<std::thread::JoinHandle<()>>>>,
+}
+
+impl<S: Store> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            tx: self.tx.clone(),
+            queue_budget: self.queue_budget.clone(),
+            writer: self.writer.clone(),
+        }
+    }
+}
+
+impl<S: Store> std::fmt::Debug for Engine<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("cfg", &self.inner.cfg)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Queue budget is counted in KiB so that 1 GiB fits a semaphore's permits comfortably.
+const BUDGET_UNIT: usize = 1024;
+
+impl<S: Store> Engine<S> {
+    /// Loads the shard's state from `store` into the hot layer and starts the writer thread.
+    pub fn open(store: S, cfg: EngineConfig) -> Result<Self> {
+        let partitioner = Partitioner::new(cfg.num_shards, cfg.virtual_nodes);
+        let log = match store.location() {
+            Some(db) if cfg.dense_log_bytes > 0 => Some(DenseLog::open(&DenseLogOptions {
+                path: crate::dense_log::path_for(db),
+                capacity: cfg.dense_log_bytes,
+                sync: cfg.sync,
+            })?),
+            _ => None,
+        };
+        let inner = Arc::new(Inner {
+            partitioner,
+            tables: RwLock::new(HashMap::new()),
+            next_table_id: Mutex::new(1),
+            dedup: Mutex::new(Dedup::default()),
+            counters: Counters::default(),
+            failed: Mutex::new(None),
+            started: Instant::now(),
+            replicas: DashMap::default(),
+            replica_bytes: AtomicU64::new(0),
+            log: Mutex::new(log),
+            image_len: AtomicU64::new(0),
+            store,
+            cfg,
+        });
+        inner.load()?;
+        let (tx, rx) = mpsc::channel(1024);
+        let writer = inner.clone();
+        let writer = std::thread::Builder::new()
+            .name(format!("ps-writer-{}", writer.cfg.shard_index))
+            .spawn(move || writer.run_writer(rx))
+            .map_err(StoreError::Io)?;
+        let units = (inner.cfg.max_queued_bytes / BUDGET_UNIT).clamp(1, Semaphore::MAX_PERMITS);
+        Ok(Self {
+            inner,
+            tx,
+            queue_budget: Arc::new(Semaphore::new(units)),
+            writer: Arc::new(Mutex::new(Some(writer))),
+        })
+    }
+
+    /// Stops the writer once every command queued before this call is done, and waits for it
+    /// (blocking: call it off the runtime). Later commands are answered `unavailable`.
+    pub fn close(self) {
+        let writer = self.writer.lock().take();
+        let _ = self.tx.blocking_send(Cmd::Stop);
+        if let Some(w) = writer
+            && w.join().is_err()
+        {
+            tracing::error!("the writer thread panicked");
+        }
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.cfg
+    }
+
+    pub fn partitioner(&self) -> &Partitioner {
+        &self.inner.partitioner
+    }
+
+    pub fn durable(&self) -> bool {
+        self.inner.store.durable()
+    }
+
+    /// The table named `name`, or `not_found`.
+    pub fn table(&self, name: &TableName) -> Result<Arc<Table>> {
+        self.inner
+            .tables
+            .read()
+            .get(name)
+            .cloned()
+            .ok_or_else(|| EngineError::NoSuchTable {
+                table: name.clone(),
+            })
+    }
+
+    pub fn list_tables(&self) -> Vec<TableSpec> {
+        let mut v: Vec<TableSpec> = self
+            .inner
+            .tables
+            .read()
+            .values()
+            .map(|t| t.spec.clone())
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// Hands a command to the writer and waits for its answer.
+    async fn submit<T>(&self, make: impl FnOnce(oneshot::Sender<Result<T>>) -> Cmd) -> Result<T> {
+        let (reply, rx) = oneshot::channel();
+        self.tx
+            .send(make(reply))
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        rx.await.map_err(|_| EngineError::ShuttingDown)?
+    }
+
+    /// Queues a validated push for the writer, within the queue's byte budget.
+    async fn push(&self, job: Job) -> Result<PushOutcome> {
+        self.inner.check_writable()?;
+        let units =
+            (job.bytes() / BUDGET_UNIT).clamp(1, self.inner.cfg.max_queued_bytes / BUDGET_UNIT);
+        let _permit = self
+            .queue_budget
+            .acquire_many(u32::try_from(units).unwrap_or(u32::MAX))
+            .await
+            .map_err(|_| EngineError::ShuttingDown)?;
+        self.submit(|r| Cmd::Push(job, r)).await
+    }
+}

@@ -1,0 +1,195 @@
+//! Pulls, served from the hot layer by the request handlers, concurrently with the writer: a
+//! read lock per dense chunk, a `DashMap` of sparse rows. A delta pull answers the top-k of
+//! each chunk's change since what the client was last sent, kept as a replica per (client,
+//! table, chunk) within a memory budget.
+
+use std::sync::atomic::Ordering;
+
+use ps_core::request::DenseSlice;
+use ps_core::{Payload, PullDense, PullSparse, TableKind};
+
+use super::table::{Table, TableData};
+use super::validate::wrong_kind;
+use super::{Engine, EngineError, Inner, Result};
+use crate::metrics as m;
+use crate::store::Store;
+
+/// A client's copy of one chunk, as delta pulls have built it.
+#[derive(Debug)]
+pub(super) struct Replica {
+    version: u64,
+    values: Vec<f32>,
+}
+
+/// What a dense pull answers: a slice per chunk and, for a delta pull, per slice whether it is
+/// a change (or whole values) and the replica version it brings the client to.
+#[derive(Debug)]
+pub struct PulledDense {
+    pub slices: Vec<DenseSlice>,
+    pub delta: Vec<(bool, u64)>,
+}
+
+/// Counts an answered payload's bytes.
+fn count_sent(table: &Table, payload: &Payload) {
+    m::wire_bytes(
+        "pull",
+        table.spec.name.as_str(),
+        payload.encoding(),
+        payload.data().len(),
+    );
+}
+
+impl<S: Store> Engine<S> {
+    /// Reads chunks of a dense table, one slice per chunk in request order: their values in
+    /// the accepted encoding, or with a delta pull the top-k of each chunk's change since the
+    /// client's replica.
+    pub fn pull_dense(&self, req: &PullDense) -> Result<PulledDense> {
+        let table = self.table(&req.table)?;
+        self.check_epoch(req.map_epoch)?;
+        let (TableKind::Dense(shape), TableData::Dense(chunks)) = (&table.spec.kind, &table.data)
+        else {
+            return Err(wrong_kind(&table));
+        };
+        let mut out = PulledDense {
+            slices: Vec::with_capacity(req.chunks.len()),
+            delta: Vec::new(),
+        };
+        let mut values = 0u64;
+        for (i, &c) in req.chunks.iter().enumerate() {
+            let len = self.check_chunk(&table, shape, c)?;
+            // Every owned chunk is loaded with its table; check_chunk found this one owned.
+            let cell = chunks
+                .get(&c)
+                .ok_or_else(|| EngineError::ChunkNotLoaded {
+                    table: table.spec.name.clone(),
+                    chunk: c,
+                })?
+                .read();
+            let current = &cell.data[..len];
+            let payload = match &req.delta {
+                None => Payload::encode_plain(current, req.accept),
+                Some(d) => {
+                    let (payload, is_delta, version) = self.inner.delta_chunk(
+                        &table,
+                        c,
+                        current,
+                        d.client_id,
+                        d.ratio,
+                        d.versions[i],
+                    );
+                    out.delta.push((is_delta, version));
+                    payload
+                }
+            };
+            count_sent(&table, &payload);
+            out.slices.push(DenseSlice {
+                chunk: c,
+                values: payload,
+            });
+            values += len as u64;
+        }
+        table.pulled(values);
+        m::pulled(table.spec.name.as_str(), "dense", values);
+        Ok(out)
+    }
+
+    /// Reads rows of a sparse table in request order; unseen rows read as their initializer.
+    pub fn pull_sparse(&self, req: &PullSparse) -> Result<Payload> {
+        let table = self.table(&req.table)?;
+        self.check_epoch(req.map_epoch)?;
+        let (TableKind::Sparse { dim }, TableData::Sparse(rows)) = (&table.spec.kind, &table.data)
+        else {
+            return Err(wrong_kind(&table));
+        };
+        self.check_ids(&table, &req.ids)?;
+        let dim = *dim as usize;
+        let mut buf = vec![0.0f32; req.ids.len() * dim];
+        for (&id, out) in req.ids.iter().zip(buf.chunks_exact_mut(dim)) {
+            match rows.get(&id) {
+                Some(cell) => out.copy_from_slice(&cell.data[..dim]),
+                None => table.spec.initializer.fill(table.hash, id, out),
+            }
+        }
+        table.pulled(buf.len() as u64);
+        m::pulled(table.spec.name.as_str(), "sparse", buf.len() as u64);
+        let payload = Payload::encode_plain(&buf, req.accept);
+        count_sent(&table, &payload);
+        Ok(payload)
+    }
+}
+
+impl<S: Store> Inner<S> {
+    /// One chunk of a delta pull: the top `ratio` of `current - replica` when the client holds
+    /// the replica's version (the replica then takes exactly what the client will add), else
+    /// the whole chunk in f32 and a new version. Returns (payload, is_delta, version).
+    fn delta_chunk(
+        &self,
+        table: &Table,
+        chunk: u64,
+        current: &[f32],
+        client: u64,
+        ratio: f64,
+        held: u64,
+    ) -> (Payload, bool, u64) {
+        let key = (client, table.id, chunk);
+        if let Some(mut r) = self.replicas.get_mut(&key)
+            && r.version == held
+            && r.values.len() == current.len()
+        {
+            let change: Vec<f32> = current.iter().zip(&r.values).map(|(w, v)| w - v).collect();
+            let mut enc = ps_codec::Encoder::new(
+                ps_codec::CompressOptions {
+                    error_feedback: true,
+                    codec: ps_codec::Codec::TopK {
+                        ratio,
+                        values: ps_codec::SparseValues::F16,
+                    },
+                    min_values: 0,
+                    lz4: ps_codec::Lz4Policy::default(),
+                },
+                0,
+            );
+            let e = enc.encode(&change);
+            // The replica moves by exactly what the client decodes and adds.
+            if e.decode_add(&mut r.values, 1.0).is_ok() {
+                r.version += 1;
+                return (Payload::from(e), true, r.version);
+            }
+        }
+        // Whole values, and a new replica if memory allows (else none: the next pull is whole).
+        // Random, so that a version from before a restart is never mistaken for a new one.
+        let version = rand::random::<u64>().max(1);
+        let bytes = (current.len() * 4) as u64;
+        let old = self.replicas.remove(&key);
+        if let Some((_, r)) = &old {
+            self.replica_bytes
+                .fetch_sub((r.values.len() * 4) as u64, Ordering::Relaxed);
+        }
+        let used = self.replica_bytes.load(Ordering::Relaxed);
+        if used + bytes <= self.cfg.pull_replica_bytes as u64 {
+            self.replica_bytes.fetch_add(bytes, Ordering::Relaxed);
+            self.replicas.insert(
+                key,
+                Replica {
+                    version,
+                    values: current.to_vec(),
+                },
+            );
+            (Payload::from_f32(current), false, version)
+        } else {
+            (Payload::from_f32(current), false, 0)
+        }
+    }
+
+    /// Forgets the delta-pull replicas of a dropped table.
+    pub(super) fn drop_replicas(&self, table_id: u32) {
+        self.replicas.retain(|k, r| {
+            let keep = k.1 != table_id;
+            if !keep {
+                self.replica_bytes
+                    .fetch_sub((r.values.len() * 4) as u64, Ordering::Relaxed);
+            }
+            keep
+        });
+    }
+}

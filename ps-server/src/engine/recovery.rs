@@ -1,0 +1,272 @@
+//! Start-up: the shard's identity, its tables and their cells, the applied push ids, and then
+//! the dense-log records the stored cells do not cover, replayed through the same optimizer
+//! code in the same order as the pushes that wrote them.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::keys::{
+    META_DEDUP, META_FLOOR, META_IDENTITY, META_LOG_POS, META_NEXT_ID, META_TABLE, StoredIdentity,
+    StoredTable, be_u64, le_u64, read_f32s,
+};
+use super::table::{Cell, Table, TableData};
+use super::{EngineError, Inner, Result};
+use crate::dense_log::Logged;
+use crate::store::{Cf, Store, StoreBatch, StoreError};
+
+impl<S: Store> Inner<S> {
+    /// Loads the identity, tables, cells and applied push ids from the store, then replays the
+    /// dense log.
+    pub(super) fn load(&self) -> Result<()> {
+        self.check_identity()?;
+        self.store.scan(Cf::Meta, META_NEXT_ID, &mut |_, v| {
+            let bytes: [u8; 4] = v
+                .try_into()
+                .map_err(|_| StoreError::Corrupt("next table id".into()))?;
+            *self.next_table_id.lock() = u32::from_le_bytes(bytes);
+            Ok(())
+        })?;
+
+        let mut stored = Vec::new();
+        self.store.scan(Cf::Meta, &[META_TABLE], &mut |k, v| {
+            let t: StoredTable = serde_json::from_slice(v).map_err(|e| {
+                StoreError::Corrupt(format!(
+                    "table record {:?}: {e}",
+                    String::from_utf8_lossy(k)
+                ))
+            })?;
+            stored.push(t);
+            Ok(())
+        })?;
+        for t in stored {
+            let table = self.new_table(t.id, t.spec);
+            self.load_cells(&table)?;
+            self.tables
+                .write()
+                .insert(table.spec.name.clone(), Arc::new(table));
+        }
+
+        let mut dedup = self.dedup.lock();
+        self.store.scan(Cf::Meta, &[META_FLOOR], &mut |k, v| {
+            dedup.clients.entry(be_u64(&k[1..])?).or_default().floor = le_u64(v)?;
+            Ok(())
+        })?;
+        self.store.scan(Cf::Meta, &[META_DEDUP], &mut |k, _| {
+            if k.len() != 17 {
+                return Err(StoreError::Corrupt("push id record".into()));
+            }
+            dedup
+                .clients
+                .entry(be_u64(&k[1..9])?)
+                .or_default()
+                .applied
+                .insert(be_u64(&k[9..])?);
+            Ok(())
+        })?;
+        drop(dedup);
+        let replayed = self.replay_log()?;
+        tracing::info!(
+            tables = self.tables.read().len(),
+            clients = self.dedup.lock().clients.len(),
+            replayed,
+            "shard state loaded"
+        );
+        self.dense_cells_changed();
+        Ok(())
+    }
+
+    /// A data directory records which shard it belongs to and refuses to be opened as another.
+    fn check_identity(&self) -> Result<()> {
+        let me = StoredIdentity {
+            shard_index: self.cfg.shard_index,
+            num_shards: self.cfg.num_shards,
+            virtual_nodes: self.cfg.virtual_nodes,
+        };
+        let mut stored = None;
+        self.store.scan(Cf::Meta, META_IDENTITY, &mut |_, v| {
+            stored = Some(
+                serde_json::from_slice::<StoredIdentity>(v)
+                    .map_err(|e| StoreError::Corrupt(format!("shard identity: {e}")))?,
+            );
+            Ok(())
+        })?;
+        match stored {
+            Some(id) if id != me => Err(EngineError::WrongIdentity {
+                stored: id.to_string(),
+                me: me.to_string(),
+            }),
+            Some(_) => Ok(()),
+            None if self.store.durable() => {
+                let mut b = self.store.batch();
+                let v = serde_json::to_vec(&me).map_err(|e| StoreError::Corrupt(e.to_string()))?;
+                b.put(Cf::Meta, META_IDENTITY, &v);
+                Ok(self.store.write(b)?)
+            }
+            None => Ok(()),
+        }
+    }
+
+    /// A table with every owned dense chunk at its initial value (sparse tables start empty).
+    pub(super) fn new_table(&self, id: u32, spec: ps_core::TableSpec) -> Table {
+        Table::new(id, spec, |hash, chunk| {
+            self.partitioner.shard_for_chunk(hash, chunk) == self.cfg.shard_index
+        })
+    }
+
+    fn load_cells(&self, table: &Table) -> Result<()> {
+        let prefix = table.id.to_be_bytes();
+        let dim = table.spec.row_dim();
+        let shape = table.spec.dense_shape();
+        let cell_len = |index: u64| -> Result<usize, StoreError> {
+            match shape {
+                Some(s) => s.chunk_len(index).ok_or_else(|| {
+                    StoreError::Corrupt(format!("chunk {index} of `{}`", table.spec.name))
+                }),
+                None => Ok(dim),
+            }
+        };
+        self.store.scan(Cf::Params, &prefix, &mut |k, v| {
+            let index = be_u64(k.get(4..).unwrap_or_default())?;
+            let n = cell_len(index)?;
+            match &table.data {
+                TableData::Dense(chunks) => {
+                    let mut cell = chunks
+                        .get(&index)
+                        .ok_or_else(|| {
+                            StoreError::Corrupt(format!("chunk {index} is not this shard's"))
+                        })?
+                        .write();
+                    read_f32s(v, &mut cell.data[..n])
+                }
+                TableData::Sparse(rows) => {
+                    let mut cell = Cell::fresh(&table.spec, table.hash, index, n);
+                    read_f32s(v, &mut cell.data[..n])?;
+                    rows.insert(index, cell);
+                    Ok(())
+                }
+            }
+        })?;
+        self.store.scan(Cf::Optim, &prefix, &mut |k, v| {
+            let index = be_u64(k.get(4..).unwrap_or_default())?;
+            let n = cell_len(index)?;
+            let load = |cell: &mut Cell| -> Result<(), StoreError> {
+                if v.len() < 8 {
+                    return Err(StoreError::Corrupt("optimizer state".into()));
+                }
+                cell.step = le_u64(&v[..8])?;
+                read_f32s(&v[8..], &mut cell.data[n..])
+            };
+            match &table.data {
+                TableData::Dense(chunks) => match chunks.get(&index) {
+                    Some(c) => load(&mut c.write()),
+                    None => Err(StoreError::Corrupt(format!("state of chunk {index}"))),
+                },
+                TableData::Sparse(rows) => match rows.get_mut(&index) {
+                    Some(mut c) => load(&mut c),
+                    None => Err(StoreError::Corrupt(format!(
+                        "state of row {index} without its row"
+                    ))),
+                },
+            }
+        })?;
+        Ok(())
+    }
+
+    /// Applies the dense-log records the stored cells do not cover, in order, through the
+    /// same optimizer code as the pushes that wrote them; their push ids join the dedup set
+    /// (and the store, for those whose group commit died between the log and the store).
+    /// Returns the number of records replayed.
+    fn replay_log(&self) -> Result<u64> {
+        let mut guard = self.log.lock();
+        let Some(log) = guard.as_mut() else {
+            return Ok(0);
+        };
+        let mut from = None;
+        self.store.scan(Cf::Meta, META_LOG_POS, &mut |k, v| {
+            if k == META_LOG_POS {
+                from = Some(le_u64(v)?);
+            }
+            Ok(())
+        })?;
+        let Some(from) = from else {
+            // A new database: whatever a log file beside it holds is not its own.
+            log.reset()?;
+            let mut batch = self.store.batch();
+            batch.put(Cf::Meta, META_LOG_POS, &0u64.to_le_bytes());
+            self.store.write(batch)?;
+            return Ok(0);
+        };
+        let by_id: HashMap<u32, Arc<Table>> = self
+            .tables
+            .read()
+            .values()
+            .map(|t| (t.id, t.clone()))
+            .collect();
+        let mut dedup = self.dedup.lock();
+        let mut batch = self.store.batch();
+        let mut grad = Vec::new();
+        let records = log.replay(from, &mut |logged| -> Result<()> {
+            let pushes = match logged {
+                Logged::Pushes(pushes) => pushes,
+                Logged::Image(cells) => {
+                    for c in cells {
+                        // Cells of a table dropped since are skipped.
+                        let Some(table) = by_id.get(&c.table_id) else {
+                            continue;
+                        };
+                        let cell = match &table.data {
+                            TableData::Dense(chunks) => chunks.get(&c.index),
+                            TableData::Sparse(_) => None,
+                        };
+                        let mut cell = cell
+                            .ok_or_else(|| {
+                                StoreError::Corrupt(format!(
+                                    "the dense log's image names chunk {} of `{}`, which this \
+                                     shard does not hold",
+                                    c.index, table.spec.name
+                                ))
+                            })?
+                            .write();
+                        read_f32s(c.data, &mut cell.data)?;
+                        cell.step = c.step;
+                    }
+                    return Ok(());
+                }
+            };
+            for p in pushes {
+                // Records of a table dropped since are skipped; its cells are gone.
+                if let Some(table) = by_id.get(&p.table_id) {
+                    let TableData::Dense(chunks) = &table.data else {
+                        return Err(StoreError::Corrupt(format!(
+                            "the dense log names sparse table `{}`",
+                            table.spec.name
+                        ))
+                        .into());
+                    };
+                    for &(index, data) in &p.chunks {
+                        let cell = chunks.get(&index).ok_or_else(|| {
+                            StoreError::Corrupt(format!(
+                                "the dense log names chunk {index} of `{}`, not this shard's",
+                                table.spec.name
+                            ))
+                        })?;
+                        let mut cell = cell.write();
+                        let n = cell.data.len() / (1 + table.spec.optimizer.state_slots());
+                        grad.resize(n, 0.0);
+                        read_f32s(data, &mut grad)?;
+                        table.apply_grad(&mut cell, &grad);
+                    }
+                }
+                if !dedup.seen(&p.push_id) {
+                    dedup.record(&p.push_id, &mut batch);
+                }
+            }
+            Ok(())
+        })?;
+        drop(dedup);
+        if batch.size_bytes() > 0 {
+            self.store.write(batch)?;
+        }
+        Ok(records)
+    }
+}

@@ -1,0 +1,178 @@
+//! A table held by this shard: its cells (the dense chunks it owns, or the sparse rows it has
+//! seen), each its parameters followed by its optimizer state, and its counters.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use dashmap::DashMap;
+use parking_lot::RwLock;
+use ps_core::{TableKind, TableSpec};
+
+use crate::optim;
+use crate::store::{Cf, StoreBatch};
+
+/// One chunk of a dense table or one row of a sparse table: parameters, then optimizer state.
+#[derive(Debug)]
+pub(super) struct Cell {
+    pub(super) step: u64,
+    /// `n` parameters followed by `n * state_slots` optimizer values.
+    pub(super) data: Box<[f32]>,
+}
+
+impl Cell {
+    pub(super) fn fresh(spec: &TableSpec, table_hash: u64, key: u64, n: usize) -> Self {
+        let mut data = vec![0.0; n * (1 + spec.optimizer.state_slots())];
+        spec.initializer.fill(table_hash, key, &mut data[..n]);
+        data[n..].copy_from_slice(&optim::initial_state(&spec.optimizer, n));
+        Self {
+            step: 0,
+            data: data.into_boxed_slice(),
+        }
+    }
+
+    /// The stored form of the optimizer state: step count, then the state values.
+    fn encode_state<'a>(&self, n: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+        buf.clear();
+        buf.extend_from_slice(&self.step.to_le_bytes());
+        buf.extend_from_slice(bytemuck::cast_slice(&self.data[n..]));
+        buf
+    }
+}
+
+#[derive(Debug)]
+pub(super) enum TableData {
+    /// The chunks this shard owns.
+    Dense(HashMap<u64, RwLock<Cell>>),
+    Sparse(DashMap<u64, Cell, foldhash::fast::RandomState>),
+}
+
+#[derive(Debug, Default)]
+pub(super) struct TableCounters {
+    pub(super) pushes: AtomicU64,
+    pub(super) pulls: AtomicU64,
+    pub(super) values_pushed: AtomicU64,
+    pub(super) values_pulled: AtomicU64,
+}
+
+/// A table held by this shard.
+#[derive(Debug)]
+pub struct Table {
+    pub(super) id: u32,
+    pub(super) spec: TableSpec,
+    pub(super) hash: u64,
+    pub(super) data: TableData,
+    pub(super) dropped: AtomicBool,
+    pub(super) counters: TableCounters,
+}
+
+/// A table's counters on this shard, for `GetStats` and `DescribeTable`.
+#[derive(Debug, Clone)]
+pub struct TableStatsView {
+    pub name: String,
+    pub rows: u64,
+    pub pushes: u64,
+    pub pulls: u64,
+    pub values_pushed: u64,
+    pub values_pulled: u64,
+}
+
+impl Table {
+    /// A table with every dense chunk `owned` says is this shard's at its initial value
+    /// (sparse tables start empty).
+    pub(super) fn new(id: u32, spec: TableSpec, owned: impl Fn(u64, u64) -> bool) -> Self {
+        let hash = spec.name.hash64();
+        let data = match &spec.kind {
+            TableKind::Dense(shape) => TableData::Dense(
+                (0..shape.num_chunks())
+                    .filter(|&c| owned(hash, c))
+                    .filter_map(|c| {
+                        let n = shape.chunk_len(c)?;
+                        Some((c, RwLock::new(Cell::fresh(&spec, hash, c, n))))
+                    })
+                    .collect(),
+            ),
+            TableKind::Sparse { .. } => {
+                TableData::Sparse(DashMap::with_hasher(foldhash::fast::RandomState::default()))
+            }
+        };
+        Self {
+            id,
+            spec,
+            hash,
+            data,
+            dropped: AtomicBool::new(false),
+            counters: TableCounters::default(),
+        }
+    }
+
+    pub fn spec(&self) -> &TableSpec {
+        &self.spec
+    }
+
+    /// The store key of cell `index`: table id, then index, big-endian (cells of a table are
+    /// contiguous and sorted).
+    pub(super) fn key(&self, index: u64) -> [u8; 12] {
+        let mut k = [0u8; 12];
+        k[..4].copy_from_slice(&self.id.to_be_bytes());
+        k[4..].copy_from_slice(&index.to_be_bytes());
+        k
+    }
+
+    /// This table's counters on this shard.
+    pub fn stats(&self) -> TableStatsView {
+        TableStatsView {
+            name: self.spec.name.to_string(),
+            rows: self.rows(),
+            pushes: self.counters.pushes.load(Ordering::Relaxed),
+            pulls: self.counters.pulls.load(Ordering::Relaxed),
+            values_pushed: self.counters.values_pushed.load(Ordering::Relaxed),
+            values_pulled: self.counters.values_pulled.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Rows (sparse) or chunks (dense) stored on this shard.
+    pub fn rows(&self) -> u64 {
+        match &self.data {
+            TableData::Dense(c) => c.len() as u64,
+            TableData::Sparse(r) => r.len() as u64,
+        }
+    }
+
+    /// Counts a pull of `values` values.
+    pub(super) fn pulled(&self, values: u64) {
+        self.counters.pulls.fetch_add(1, Ordering::Relaxed);
+        self.counters
+            .values_pulled
+            .fetch_add(values, Ordering::Relaxed);
+    }
+
+    /// Applies `grad` to one cell's parameters and optimizer state, in memory.
+    pub(super) fn apply_grad(&self, cell: &mut Cell, grad: &[f32]) {
+        let (w, state) = cell.data.split_at_mut(grad.len());
+        optim::apply(&self.spec.optimizer, w, state, &mut cell.step, grad);
+    }
+
+    /// Applies a gradient given as little-endian f32 bytes, through `grad`.
+    pub(super) fn apply_le(&self, cell: &mut Cell, bytes: &[u8], grad: &mut Vec<f32>) {
+        grad.resize(bytes.len() / 4, 0.0);
+        ps_core::payload::read_f32_le(bytes, grad);
+        self.apply_grad(cell, grad);
+    }
+
+    /// Puts one cell's parameters and optimizer state into `batch`.
+    pub(super) fn put_cell(
+        &self,
+        index: u64,
+        cell: &Cell,
+        batch: &mut impl StoreBatch,
+        scratch: &mut Vec<u8>,
+    ) {
+        let n = cell.data.len() / (1 + self.spec.optimizer.state_slots());
+        let key = self.key(index);
+        batch.put(Cf::Params, &key, bytemuck::cast_slice(&cell.data[..n]));
+        // SGD keeps no state: one put per cell instead of two.
+        if self.spec.optimizer.state_slots() > 0 {
+            batch.put(Cf::Optim, &key, cell.encode_state(n, scratch));
+        }
+    }
+}

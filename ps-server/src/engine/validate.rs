@@ -1,0 +1,137 @@
+//! A push is checked against its table and this shard, and every payload decoded to f32,
+//! before it is queued for the writer: a push refused here changes nothing, and the writer
+//! only ever applies plain f32 it can trust.
+
+use std::collections::HashSet;
+
+use ps_core::request::DenseSlice;
+use ps_core::{NonFinitePolicy, Payload, PushDense, PushSparse, TableKind, ValidationError};
+
+use super::table::Table;
+use super::{Engine, EngineError, Job, PushOutcome, Result};
+use crate::metrics as m;
+use crate::store::Store;
+
+/// Counts a received payload's bytes and decodes it to f32, checking every length, index,
+/// scale and lz4 frame: a payload that does not decode exactly is refused, nothing applied.
+fn decode_received(table: &Table, field: &str, p: &Payload) -> Result<Payload> {
+    m::wire_bytes(
+        "push",
+        table.spec.name.as_str(),
+        p.encoding(),
+        p.data().len(),
+    );
+    p.decoded().map_err(|e| EngineError::Decode {
+        field: field.to_owned(),
+        encoding: p.encoding(),
+        reason: e.to_string(),
+    })
+}
+
+/// The refusal of a call made on a table of the other kind.
+pub(super) fn wrong_kind(table: &Table) -> EngineError {
+    let (kind, use_instead) = match table.spec.kind {
+        TableKind::Dense(_) => ("dense", "PushDense / PullDense"),
+        TableKind::Sparse { .. } => ("sparse", "PushSparse / PullSparse"),
+    };
+    EngineError::WrongKind {
+        table: table.spec.name.clone(),
+        kind,
+        use_instead,
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// Validates a dense push against its table and this shard, then has the writer apply it.
+    pub async fn push_dense(&self, mut req: PushDense) -> Result<PushOutcome> {
+        let table = self.table(&req.table)?;
+        self.check_epoch(req.map_epoch)?;
+        self.check_dense_slices(&table, &mut req.slices)?;
+        self.push(Job::Dense(table, req)).await
+    }
+
+    /// Validates a sparse push against its table and this shard, then has the writer apply it.
+    pub async fn push_sparse(&self, mut req: PushSparse) -> Result<PushOutcome> {
+        let table = self.table(&req.table)?;
+        self.check_epoch(req.map_epoch)?;
+        let TableKind::Sparse { dim } = table.spec.kind else {
+            return Err(wrong_kind(&table));
+        };
+        let dim = dim as usize;
+        req.check_dim(dim)?;
+        self.check_ids(&table, &req.ids)?;
+        req.values = decode_received(&table, "values", &req.values)?;
+        if table.spec.non_finite == NonFinitePolicy::Reject
+            && let Some(i) = req.values.first_non_finite()
+        {
+            return Err(EngineError::NonFinite {
+                table: req.table,
+                at: format!(
+                    "row {} (id {}) at value {}",
+                    i / dim,
+                    req.ids[i / dim],
+                    i % dim
+                ),
+                unit: "rows",
+            });
+        }
+        self.push(Job::Sparse(table, req)).await
+    }
+
+    /// Checks every slice against the table's chunks and this shard, and decodes it (a slice
+    /// that does not decode exactly refuses the whole push).
+    fn check_dense_slices(&self, table: &Table, slices: &mut [DenseSlice]) -> Result<()> {
+        let TableKind::Dense(shape) = &table.spec.kind else {
+            return Err(wrong_kind(table));
+        };
+        if slices.is_empty() {
+            return Err(ValidationError::new("slices", "the push holds no slices").into());
+        }
+        let mut seen = HashSet::new();
+        for (i, s) in slices.iter_mut().enumerate() {
+            let field = format!("slices[{i}]");
+            let mut chunk = s.chunk;
+            let mut covered = 0usize;
+            while covered < s.values.len() {
+                let len = self.check_chunk(table, shape, chunk)?;
+                if !seen.insert(chunk) {
+                    return Err(ValidationError::new(
+                        &field,
+                        format!("chunk {chunk} appears twice in one push; send it once"),
+                    )
+                    .into());
+                }
+                covered += len;
+                chunk += 1;
+            }
+            if covered != s.values.len() || s.values.is_empty() {
+                return Err(ValidationError::new(
+                    &field,
+                    format!(
+                        "starts at chunk {} and holds {} values, which does not end on a chunk \
+                         boundary (chunks hold {} values; the tensor has {})",
+                        s.chunk,
+                        s.values.len(),
+                        shape.chunk_elems,
+                        shape.len()
+                    ),
+                )
+                .into());
+            }
+            s.values = decode_received(table, &format!("{field}.values"), &s.values)?;
+            if table.spec.non_finite == NonFinitePolicy::Reject
+                && let Some(j) = s.values.first_non_finite()
+            {
+                return Err(EngineError::NonFinite {
+                    table: table.spec.name.clone(),
+                    at: format!(
+                        "{field} at element {} of the tensor",
+                        s.chunk * shape.chunk_elems + j as u64
+                    ),
+                    unit: "chunks",
+                });
+            }
+        }
+        Ok(())
+    }
+}

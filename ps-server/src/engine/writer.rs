@@ -1,0 +1,338 @@
+//! The writer thread: every mutation goes through it. It takes every queued push at once (up
+//! to `group_commit_bytes`), applies them to the hot layer, writes the group's dense gradients
+//! to the dense log and its sparse rows, optimizer state and push ids to one store batch, and
+//! answers the callers only after both writes: one durable write serves many pushes.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use ps_core::{NonFinitePolicy, PushDense, PushSparse, TableKind};
+use tokio::sync::{mpsc, oneshot};
+
+use super::dedup::Dedup;
+use super::table::{Cell, Table, TableData};
+use super::{Cmd, EngineError, Inner, Job, PushOutcome, Result};
+use crate::dense_log::DenseLog;
+use crate::metrics as m;
+use crate::store::{Store, StoreBatch};
+
+/// A queued push and where its answer goes.
+pub(super) type Queued = (Job, oneshot::Sender<Result<PushOutcome>>);
+
+impl<S: Store> Inner<S> {
+    pub(super) fn run_writer(&self, mut rx: mpsc::Receiver<Cmd>) {
+        while let Some(first) = rx.blocking_recv() {
+            let mut pushes = Vec::new();
+            let mut bytes = 0;
+            let mut next = Some(first);
+            // Group every push already queued (up to the byte cap) into one commit; an admin
+            // command ends the group and runs on its own after it.
+            while let Some(cmd) = next.take() {
+                match cmd {
+                    Cmd::Push(job, reply) => {
+                        bytes += job.bytes();
+                        pushes.push((job, reply));
+                        if bytes < self.cfg.group_commit_bytes {
+                            next = rx.try_recv().ok();
+                        }
+                    }
+                    Cmd::Stop => {
+                        self.commit_group(std::mem::take(&mut pushes));
+                        // A clean stop leaves nothing to replay at the next start.
+                        if let Some(log) = self.log.lock().as_mut()
+                            && let Err(e) = self.snapshot(log)
+                        {
+                            tracing::warn!(error = %e, "no dense snapshot at stop; the next start replays the log");
+                        }
+                        tracing::info!("writer stopped");
+                        return;
+                    }
+                    admin => {
+                        self.commit_group(std::mem::take(&mut pushes));
+                        self.run_admin(admin);
+                    }
+                }
+            }
+            self.commit_group(pushes);
+        }
+        tracing::info!("writer stopped");
+    }
+
+    fn commit_group(&self, pushes: Vec<Queued>) {
+        if pushes.is_empty() {
+            return;
+        }
+        let t0 = Instant::now();
+        let mut batch = self.store.batch();
+        let mut log_guard = self.log.lock();
+        // The group's dense gradients go to the log, unless they are more than it takes.
+        let mut log = match log_guard.as_mut() {
+            Some(log) => match self.prepare_log(log, &pushes) {
+                Ok(Some(len)) => {
+                    log.begin(len);
+                    Some(log)
+                }
+                Ok(None) => None,
+                Err(e) => {
+                    let cause = match e {
+                        EngineError::ReadOnly { cause } => cause,
+                        other => other.to_string(),
+                    };
+                    for (_, reply) in pushes {
+                        let _ = reply.send(Err(EngineError::ReadOnly {
+                            cause: cause.clone(),
+                        }));
+                    }
+                    return;
+                }
+            },
+            None => None,
+        };
+        let results: Vec<Result<PushOutcome>> = {
+            let mut dedup = self.dedup.lock();
+            pushes
+                .iter()
+                .map(|(job, _)| self.apply(job, &mut dedup, &mut batch, log.as_deref_mut()))
+                .collect()
+        };
+        let applied = results
+            .iter()
+            .filter(|r| matches!(r, Ok(o) if !o.duplicate))
+            .count();
+        let t1 = Instant::now();
+        let mut size = batch.size_bytes();
+        // The log record first: the push ids in the batch claim what it holds.
+        let logged = match log {
+            Some(log) if log.pending() > DenseLog::record_len(0, 0, 0) => {
+                log.commit().map_err(|e| self.fail(e.to_string()))
+            }
+            _ => Ok(0),
+        };
+        drop(log_guard);
+        size += logged.as_ref().map_or(0, |&n| n as usize);
+        let written = match logged {
+            Err(e) => Err(e),
+            Ok(n) => {
+                self.counters.bytes_written.fetch_add(n, Ordering::Relaxed);
+                if applied > 0 {
+                    self.write(batch)
+                } else {
+                    Ok(())
+                }
+            }
+        };
+        m::group_commit(pushes.len(), size, t1 - t0, t1.elapsed());
+        for ((job, reply), result) in pushes.into_iter().zip(results) {
+            let result = match (&written, result) {
+                // Nothing of this group is durable, duplicates of its own pushes included.
+                (Err(cause), Ok(_)) => Err(EngineError::ReadOnly {
+                    cause: cause.clone(),
+                }),
+                (_, r) => r,
+            };
+            let kind = match &job {
+                Job::Dense(..) => "dense",
+                Job::Sparse(..) => "sparse",
+            };
+            let name = job.table().spec.name.as_str();
+            match &result {
+                Ok(o) => m::push_done(
+                    name,
+                    kind,
+                    o.duplicate,
+                    o.applied_values,
+                    o.skipped_non_finite,
+                ),
+                Err(_) => m::push_failed(name, kind),
+            }
+            // The caller may have gone away (its deadline passed); the push is applied anyway
+            // and a retry will be recognised as a duplicate.
+            let _ = reply.send(result);
+        }
+    }
+
+    /// Writes `batch`. A failure turns the engine read-only; its cause is returned (the
+    /// answer of every push the batch held is [`EngineError::ReadOnly`] with it).
+    pub(super) fn write(&self, batch: S::Batch) -> Result<(), String> {
+        let size = batch.size_bytes() as u64;
+        match self.store.write(batch) {
+            Ok(()) => {
+                self.counters.write_batches.fetch_add(1, Ordering::Relaxed);
+                self.counters
+                    .bytes_written
+                    .fetch_add(size, Ordering::Relaxed);
+                Ok(())
+            }
+            Err(e) => Err(self.fail(e.to_string())),
+        }
+    }
+
+    /// Turns the engine read-only after a failed write; returns the cause.
+    pub(super) fn fail(&self, cause: String) -> String {
+        tracing::error!(%cause, "a write to the store failed; the shard is read-only until restarted");
+        *self.failed.lock() = Some(cause.clone());
+        cause
+    }
+
+    fn apply(
+        &self,
+        job: &Job,
+        dedup: &mut Dedup,
+        batch: &mut S::Batch,
+        log: Option<&mut DenseLog>,
+    ) -> Result<PushOutcome> {
+        let (table, push_id) = match job {
+            Job::Dense(t, p) => (t, &p.push_id),
+            Job::Sparse(t, p) => (t, &p.push_id),
+        };
+        if dedup.seen(push_id) {
+            self.counters
+                .pushes_duplicate
+                .fetch_add(1, Ordering::Relaxed);
+            return Ok(PushOutcome {
+                duplicate: true,
+                ..PushOutcome::default()
+            });
+        }
+        self.check_writable()?;
+        if table.dropped.load(Ordering::Acquire) {
+            return Err(EngineError::TableDropped {
+                table: table.spec.name.clone(),
+            });
+        }
+        let outcome = match job {
+            Job::Dense(t, p) => self.apply_dense(t, p, batch, log),
+            Job::Sparse(t, p) => self.apply_sparse(t, p, batch),
+        };
+        dedup.record(push_id, batch);
+        self.counters.pushes_applied.fetch_add(1, Ordering::Relaxed);
+        table.counters.pushes.fetch_add(1, Ordering::Relaxed);
+        table
+            .counters
+            .values_pushed
+            .fetch_add(outcome.applied_values, Ordering::Relaxed);
+        Ok(outcome)
+    }
+
+    /// Applies a dense push; the updated cells go into `batch`, or, with `log`, the applied
+    /// gradients go into the log's record.
+    fn apply_dense(
+        &self,
+        table: &Table,
+        push: &PushDense,
+        batch: &mut S::Batch,
+        mut log: Option<&mut DenseLog>,
+    ) -> PushOutcome {
+        let mut out = PushOutcome::default();
+        let (TableKind::Dense(shape), TableData::Dense(chunks)) = (&table.spec.kind, &table.data)
+        else {
+            return out; // checked before queueing
+        };
+        if let Some(log) = log.as_deref_mut() {
+            log.push(table.id, &push.push_id);
+        }
+        let mut grad = Vec::new();
+        let mut scratch = Vec::new();
+        for slice in &push.slices {
+            let mut offset = 0;
+            let mut chunk = slice.chunk;
+            while offset < slice.values.len() {
+                let (Some(n), Some(cell)) = (shape.chunk_len(chunk), chunks.get(&chunk)) else {
+                    break; // checked before queueing
+                };
+                let Some(part) = slice.values.slice(offset, offset + n) else {
+                    break; // decoded to f32 and checked before queueing
+                };
+                offset += n;
+                chunk += 1;
+                // Under REJECT the push was checked whole before it was queued.
+                if table.spec.non_finite == NonFinitePolicy::Skip
+                    && part.first_non_finite().is_some()
+                {
+                    out.skipped_non_finite += 1;
+                    continue;
+                }
+                let mut cell = cell.write();
+                match log.as_deref_mut() {
+                    // The gradient is applied from the log's copy of it, which is aligned.
+                    Some(log) => {
+                        let held = log.chunk(chunk - 1, part.data());
+                        match bytemuck::try_cast_slice::<u8, f32>(held) {
+                            Ok(g) if cfg!(target_endian = "little") => {
+                                table.apply_grad(&mut cell, g)
+                            }
+                            _ => table.apply_le(&mut cell, held, &mut grad),
+                        }
+                    }
+                    None => {
+                        grad.resize(n, 0.0);
+                        ps_core::payload::read_f32_le(part.data(), &mut grad);
+                        update_cell(table, chunk - 1, &mut cell, &grad, batch, &mut scratch)
+                    }
+                }
+                out.applied_values += n as u64;
+            }
+        }
+        out
+    }
+
+    fn apply_sparse(&self, table: &Table, push: &PushSparse, batch: &mut S::Batch) -> PushOutcome {
+        let mut out = PushOutcome::default();
+        let TableData::Sparse(rows) = &table.data else {
+            return out; // checked before queueing
+        };
+        let dim = table.spec.row_dim();
+        // Decoded to f32 and checked before queueing.
+        let mut values = vec![0.0f32; push.values.len()];
+        ps_core::payload::read_f32_le(push.values.data(), &mut values);
+        // Combine duplicate ids: each row is updated once with the sum of its gradients.
+        let mut order: Vec<u64> = Vec::with_capacity(push.ids.len());
+        let mut sums: HashMap<u64, usize, foldhash::fast::RandomState> =
+            HashMap::with_capacity_and_hasher(
+                push.ids.len(),
+                foldhash::fast::RandomState::default(),
+            );
+        let mut combined: Vec<f32> = Vec::with_capacity(values.len());
+        for (&id, g) in push.ids.iter().zip(values.chunks_exact(dim)) {
+            match sums.get(&id) {
+                Some(&slot) => {
+                    for (s, v) in combined[slot * dim..(slot + 1) * dim].iter_mut().zip(g) {
+                        *s += v;
+                    }
+                }
+                None => {
+                    sums.insert(id, order.len());
+                    order.push(id);
+                    combined.extend_from_slice(g);
+                }
+            }
+        }
+        let mut scratch = Vec::new();
+        for (&id, g) in order.iter().zip(combined.chunks_exact(dim)) {
+            if table.spec.non_finite == NonFinitePolicy::Skip && g.iter().any(|v| !v.is_finite()) {
+                out.skipped_non_finite += 1;
+                continue;
+            }
+            let mut cell = rows
+                .entry(id)
+                .or_insert_with(|| Cell::fresh(&table.spec, table.hash, id, dim));
+            update_cell(table, id, &mut cell, g, batch, &mut scratch);
+            out.applied_values += dim as u64;
+        }
+        out
+    }
+}
+
+/// Applies `grad` to one cell and puts its parameters and optimizer state in the batch.
+fn update_cell(
+    table: &Table,
+    index: u64,
+    cell: &mut Cell,
+    grad: &[f32],
+    batch: &mut impl StoreBatch,
+    scratch: &mut Vec<u8>,
+) {
+    table.apply_grad(cell, grad);
+    table.put_cell(index, cell, batch, scratch);
+}
