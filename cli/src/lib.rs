@@ -5,3 +5,4 @@
 
 pub mod experiments;
 pub mod local;
+pub mod print;

@@ -8,9 +8,9 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use ps_cli::print::{checkpoint_json, job_json, print_job, print_json};
 use ps_client::ClientError;
 use ps_client::scheduler::SchedulerClient;
-use ps_proto::v1 as pb;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -167,13 +167,12 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                     "JOB", "STATE", "MODEL", "WORKERS", "MIN", "MAX", "ADV/S"
                 );
                 for j in &jobs {
-                    let spec = j.spec.clone().unwrap_or_default();
                     println!(
                         "{:<24} {:<10} {:<8} {:>7} {:>7} {:>8} {:>9.1}",
-                        spec.name,
-                        state_name(j.state),
-                        consistency(&spec),
-                        j.workers.iter().filter(|w| w.live).count(),
+                        j.spec.name,
+                        j.state,
+                        j.spec.consistency,
+                        j.live().count(),
                         j.min_clock,
                         j.max_clock,
                         j.advances_per_sec
@@ -183,7 +182,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         }
         Cmd::Cancel { job } => {
             let st = s.cancel(job).await?;
-            println!("job `{job}` is {}", state_name(st.state));
+            println!("job `{job}` is {}", st.state);
         }
         Cmd::Checkpoint { job } => {
             let c = s.checkpoint(job).await?;
@@ -227,13 +226,9 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             let st = s.resume(job, checkpoint.as_deref()).await?;
             println!(
                 "job `{job}` resumed from {}; workers restart at clock {}",
-                if st.latest_checkpoint.is_empty() {
-                    "its checkpoint".to_string()
-                } else {
-                    format!(
-                        "`{}`",
-                        checkpoint.clone().unwrap_or(st.latest_checkpoint.clone())
-                    )
+                match checkpoint.clone().or(st.latest_checkpoint) {
+                    Some(name) => format!("`{name}`"),
+                    None => "its checkpoint".to_string(),
                 },
                 st.min_clock
             );
@@ -295,121 +290,4 @@ async fn local(args: &ps_cli::local::LocalArgs, json: bool) -> Result<(), Failur
         }
         Err(e) => Err(Failure::Other(format!("local: {e:#}"))),
     }
-}
-
-fn state_name(s: i32) -> &'static str {
-    match pb::JobState::try_from(s) {
-        Ok(pb::JobState::Waiting) => "waiting",
-        Ok(pb::JobState::Running) => "running",
-        Ok(pb::JobState::Paused) => "paused",
-        Ok(pb::JobState::Succeeded) => "succeeded",
-        Ok(pb::JobState::Canceled) => "canceled",
-        Ok(pb::JobState::Failed) => "failed",
-        _ => "unknown",
-    }
-}
-
-fn consistency(spec: &pb::JobSpec) -> String {
-    match pb::ConsistencyModel::try_from(spec.consistency) {
-        Ok(pb::ConsistencyModel::Bsp) => "BSP".into(),
-        Ok(pb::ConsistencyModel::Ssp) => format!("SSP({})", spec.staleness),
-        Ok(pb::ConsistencyModel::Asp) => "ASP".into(),
-        _ => "?".into(),
-    }
-}
-
-fn print_job(j: &pb::JobStatus) {
-    let spec = j.spec.clone().unwrap_or_default();
-    let st = j.staleness.unwrap_or_default();
-    println!(
-        "job {}  {}  {}  shards {}  map epoch {}",
-        spec.name,
-        state_name(j.state),
-        consistency(&spec),
-        spec.num_shards,
-        j.map_epoch
-    );
-    if !j.message.is_empty() {
-        println!("  {}", j.message);
-    }
-    println!(
-        "  clocks {}..{}  {:.1} advances/s  gap max {} mean {:.2}  wait total {:.0} ms p99 {:.2} ms  param age {:.1} ms",
-        j.min_clock,
-        j.max_clock,
-        j.advances_per_sec,
-        st.max_gap,
-        st.mean_gap,
-        st.wait_ms_total,
-        st.wait_ms_p99,
-        st.param_age_ms_mean
-    );
-    if !j.latest_checkpoint.is_empty() {
-        println!("  latest checkpoint {}", j.latest_checkpoint);
-    }
-    println!(
-        "  {:>6} {:<16} {:<5} {:>7} {:>5} {:>6} {:>10} {:>7} {:>9} {:<12}",
-        "ID", "NAME", "LIVE", "CLOCK", "GAP", "BATCH", "EX/S", "MAXGAP", "WAIT MS", "DATA"
-    );
-    for w in &j.workers {
-        let ws = w.staleness.unwrap_or_default();
-        println!(
-            "  {:>6} {:<16} {:<5} {:>7} {:>5} {:>6} {:>10.0} {:>7} {:>9.1} {:<12}",
-            w.worker_id,
-            w.name,
-            if w.live { "yes" } else { "no" },
-            w.clock,
-            if w.live {
-                w.clock - j.min_clock.min(w.clock)
-            } else {
-                0
-            },
-            w.batch_size,
-            w.examples_per_sec,
-            ws.max_gap,
-            ws.wait_ms_total,
-            format!("{:?}", w.data_shards)
-        );
-    }
-}
-
-fn job_json(j: &pb::JobStatus) -> serde_json::Value {
-    let spec = j.spec.clone().unwrap_or_default();
-    let st = j.staleness.unwrap_or_default();
-    serde_json::json!({
-        "job": spec.name,
-        "state": state_name(j.state),
-        "message": j.message,
-        "consistency": consistency(&spec),
-        "min_clock": j.min_clock,
-        "max_clock": j.max_clock,
-        "map_epoch": j.map_epoch,
-        "advances_per_sec": j.advances_per_sec,
-        "latest_checkpoint": j.latest_checkpoint,
-        "staleness": {
-            "max_gap": st.max_gap, "mean_gap": st.mean_gap, "wait_ms_total": st.wait_ms_total,
-            "wait_ms_p99": st.wait_ms_p99, "param_age_ms_mean": st.param_age_ms_mean,
-            "advances": st.advances,
-        },
-        "workers": j.workers.iter().map(|w| serde_json::json!({
-            "id": w.worker_id, "name": w.name, "live": w.live, "clock": w.clock,
-            "data_shards": w.data_shards, "batch_size": w.batch_size,
-            "examples_per_sec": w.examples_per_sec,
-            "max_gap": w.staleness.unwrap_or_default().max_gap,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-fn checkpoint_json(c: &pb::JobCheckpoint) -> serde_json::Value {
-    serde_json::json!({
-        "job": c.job, "name": c.name, "clock": c.clock, "created_unix_ms": c.created_unix_ms,
-        "map_epoch": c.map_epoch,
-        "shards": c.shards.iter().map(|s| serde_json::json!({
-            "shard": s.shard_index, "endpoint": s.endpoint, "name": s.name, "path": s.path,
-            "files": s.files, "bytes": s.bytes, "sequence": s.sequence,
-        })).collect::<Vec<_>>(),
-    })
-}
-
-fn print_json(v: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }

@@ -56,10 +56,12 @@ pub async fn run(
         let advertise = advertised(&cfg, &listener)?;
         let reg = registration::Registration {
             scheduler: url,
-            advertise,
-            shard_index: cfg.shard_index,
-            num_shards: cfg.num_shards,
-            virtual_nodes: cfg.virtual_nodes,
+            shard: ps_client::scheduler::ShardRegistration {
+                shard_index: cfg.shard_index,
+                num_shards: cfg.num_shards,
+                virtual_nodes: cfg.virtual_nodes,
+                endpoint: advertise,
+            },
             map_epoch: map_epoch.clone(),
         };
         tokio::spawn(reg.run(shutdown.clone()));

@@ -1,59 +1,59 @@
-//! Membership of a shard in a scheduler-managed cluster: register, then renew the lease with
-//! heartbeats, learning the shard-map epoch from each answer. A heartbeat answered NOT_FOUND
-//! (the lease expired, or the scheduler restarted) registers again; an unreachable scheduler is
-//! retried with backoff while the shard keeps serving on the epoch it knows. A request routed
-//! with a newer epoch than the shard knows asks for a heartbeat at once (`MapEpoch::behind`), so
-//! a shard learns of a map change in one round trip, not at its next heartbeat.
+//! Membership of a shard in a scheduler-managed cluster, through the SDK's scheduler client:
+//! register, then renew the lease with heartbeats, learning the shard-map epoch from each
+//! answer. A heartbeat refused with `SHARD_NOT_REGISTERED` (the lease expired, or the scheduler
+//! restarted) registers again; an unreachable scheduler is retried with backoff while the
+//! shard keeps serving on the epoch it knows. A request routed with a newer epoch than the
+//! shard knows asks for a heartbeat at once (`MapEpoch::behind`), so a shard learns of a map
+//! change in one round trip, not at its next heartbeat.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use ps_proto::v1 as pb;
+use ps_client::ClientError;
+use ps_client::scheduler::{SchedulerClient, ShardRegistration};
+use ps_core::wire::reason;
+use tokio_util::sync::CancellationToken;
 
 use crate::engine::MapEpoch;
-use ps_proto::v1::scheduler_client::SchedulerClient;
-use tokio_util::sync::CancellationToken;
-use tonic::transport::{Channel, Endpoint};
 
 /// What a shard tells the scheduler, and where it keeps the epoch it learns.
 #[derive(Debug, Clone)]
 pub struct Registration {
     pub scheduler: String,
-    pub advertise: String,
-    pub shard_index: u32,
-    pub num_shards: u32,
-    pub virtual_nodes: u32,
+    pub shard: ShardRegistration,
     pub map_epoch: Arc<MapEpoch>,
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(2);
+/// Longest wait for one registration or heartbeat.
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Registration {
     /// Runs until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        let channel = match Endpoint::from_shared(self.scheduler.clone()) {
-            Ok(e) => e
-                .connect_timeout(Duration::from_secs(2))
-                .timeout(Duration::from_secs(5))
-                .connect_lazy(),
+        let client = match SchedulerClient::connect_with_timeout(
+            &self.scheduler,
+            Some(CALL_TIMEOUT),
+        )
+        .await
+        {
+            Ok(c) => c,
             Err(e) => {
                 tracing::error!(scheduler = %self.scheduler, error = %e, "bad scheduler URL; not registering");
                 return;
             }
         };
-        let mut client = SchedulerClient::new(channel);
         let mut backoff = MIN_BACKOFF;
         loop {
-            let pause = match self.register(&mut client).await {
+            let pause = match self.register(&client).await {
                 Ok(lease) => {
                     backoff = MIN_BACKOFF;
-                    self.heartbeat_until_lost(&mut client, lease, &shutdown)
-                        .await;
+                    self.heartbeat_until_lost(&client, lease, &shutdown).await;
                     MIN_BACKOFF
                 }
-                Err(s) => {
-                    tracing::warn!(scheduler = %self.scheduler, code = ?s.code(), error = s.message(), "registering with the scheduler failed; retrying");
+                Err(e) => {
+                    tracing::warn!(scheduler = %self.scheduler, error = %e, "registering with the scheduler failed; retrying");
                     backoff = (backoff * 2).min(MAX_BACKOFF);
                     backoff
                 }
@@ -65,29 +65,18 @@ impl Registration {
         }
     }
 
-    async fn register(
-        &self,
-        client: &mut SchedulerClient<Channel>,
-    ) -> Result<Duration, tonic::Status> {
-        let r = client
-            .register_shard(pb::RegisterShardRequest {
-                shard_index: self.shard_index,
-                num_shards: self.num_shards,
-                virtual_nodes: self.virtual_nodes,
-                endpoint: self.advertise.clone(),
-            })
-            .await?
-            .into_inner();
-        self.map_epoch.set(r.map_epoch);
-        tracing::info!(epoch = r.map_epoch, lease_ms = r.lease_ms, endpoint = %self.advertise, "registered with the scheduler");
-        Ok(Duration::from_millis(r.lease_ms.max(300)))
+    async fn register(&self, client: &SchedulerClient) -> Result<Duration, ClientError> {
+        let (epoch, lease) = client.register_shard(&self.shard).await?;
+        self.map_epoch.set(epoch);
+        tracing::info!(epoch, lease_ms = lease.as_millis() as u64, endpoint = %self.shard.endpoint, "registered with the scheduler");
+        Ok(lease.max(Duration::from_millis(300)))
     }
 
     /// Heartbeats every third of the lease, or at once when a request shows this shard is
     /// behind, until the scheduler forgets this shard or shutdown.
     async fn heartbeat_until_lost(
         &self,
-        client: &mut SchedulerClient<Channel>,
+        client: &SchedulerClient,
         lease: Duration,
         shutdown: &CancellationToken,
     ) {
@@ -97,23 +86,13 @@ impl Registration {
                 () = self.map_epoch.fell_behind() => {}
                 () = shutdown.cancelled() => return,
             }
-            let hb = client
-                .shard_heartbeat(pb::ShardHeartbeatRequest {
-                    shard_index: self.shard_index,
-                    endpoint: self.advertise.clone(),
-                })
-                .await;
-            match hb {
-                Ok(r) => {
-                    self.map_epoch.set(r.into_inner().map_epoch);
-                }
-                Err(s) if s.code() == tonic::Code::NotFound => {
+            match client.shard_heartbeat(&self.shard).await {
+                Ok(epoch) => self.map_epoch.set(epoch),
+                Err(e) if e.reason() == Some(reason::SHARD_NOT_REGISTERED) => {
                     tracing::warn!("the scheduler no longer knows this shard; registering again");
                     return;
                 }
-                Err(s) => {
-                    tracing::warn!(code = ?s.code(), error = s.message(), "heartbeat failed; retrying");
-                }
+                Err(e) => tracing::warn!(error = %e, "heartbeat failed; retrying"),
             }
         }
     }

@@ -5,13 +5,14 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use ps_core::status::ShardStats;
 use ps_core::{PullDense, PullSparse, PushDense, PushSparse, TableName, TableSpec};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_server::ParameterServer;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
-use crate::engine::{Engine, EngineError, PushOutcome, Shard, TableStatsView};
+use crate::engine::{Engine, EngineError, PushOutcome, Shard};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -128,7 +129,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         let table = self.engine().table(&name).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::DescribeTableResponse {
             spec: Some(table.spec().into()),
-            stats: Some(table_stats(table.stats())),
+            stats: Some(table.stats().into()),
         }))
     }
 
@@ -265,7 +266,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         let engine = self.engine();
         let cfg = engine.config();
         let s = engine.stats();
-        Ok(Response::new(pb::GetStatsResponse {
+        let stats = ShardStats {
             shard_index: cfg.shard_index,
             num_shards: cfg.num_shards,
             uptime_ms: s.uptime_ms,
@@ -274,19 +275,9 @@ impl<S: Store> ParameterServer for PsService<S> {
             write_batches: s.write_batches,
             bytes_written: s.bytes_written,
             live_data_bytes: s.live_data_bytes,
-            tables: s.tables.into_iter().map(table_stats).collect(),
+            tables: s.tables,
             bulk_calls: self.bulk_calls.load(Ordering::Relaxed),
-        }))
-    }
-}
-
-fn table_stats(t: TableStatsView) -> pb::TableStats {
-    pb::TableStats {
-        name: t.name,
-        rows: t.rows,
-        pushes: t.pushes,
-        pulls: t.pulls,
-        values_pushed: t.values_pushed,
-        values_pulled: t.values_pulled,
+        };
+        Ok(Response::new(stats.into()))
     }
 }

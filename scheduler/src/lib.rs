@@ -14,6 +14,7 @@
 pub mod assign;
 pub mod config;
 pub mod core;
+pub mod error;
 pub mod metrics;
 pub mod policy;
 pub mod service;

@@ -1,25 +1,124 @@
 //! The gRPC edge of the scheduler: wire → domain (validating), the call, domain → wire, and one
-//! mapping of [`SchedError`] to a status. Nothing past this file sees prost types.
+//! exhaustive mapping of [`SchedError`] to a status code and a `google.rpc.ErrorInfo` reason.
+//! Nothing past this file sees prost types.
 
-use ps_core::JobSpec;
+use ps_core::status::JobStatus;
+use ps_core::wire::reason;
+use ps_core::{JobSpec, ValidationError};
 use ps_proto::v1 as pb;
 use ps_proto::v1::scheduler_server::Scheduler as SchedulerApi;
+use ps_runtime::status::{invalid_field, refusal};
 use tokio::time::{Duration, Instant};
-use tonic::{Request, Response, Status};
+use tonic::{Code, Request, Response, Status};
 use tracing::instrument;
 
-use crate::core::{Scheduler, ShardMap};
-use crate::state::{Assignment, ClockReport, Job, JobCheckpoint, JobState, SchedError, Staleness};
+use crate::core::Scheduler;
+use crate::state::{Assignment, ClockReport, SchedError};
 
 impl From<SchedError> for Status {
     fn from(e: SchedError) -> Self {
+        let message = e.to_string();
         match e {
-            SchedError::InvalidArgument(m) => Status::invalid_argument(m),
-            SchedError::NotFound(m) => Status::not_found(m),
-            SchedError::AlreadyExists(m) => Status::already_exists(m),
-            SchedError::FailedPrecondition(m) => Status::failed_precondition(m),
-            SchedError::Unavailable(m) => Status::unavailable(m),
-            SchedError::Internal(m) => Status::internal(m),
+            SchedError::Invalid(v) => invalid_field(&v),
+            SchedError::NoSuchJob { job } => refusal(
+                Code::NotFound,
+                reason::JOB_NOT_FOUND,
+                message,
+                [("job", job)],
+            ),
+            SchedError::JobExists { job } => refusal(
+                Code::AlreadyExists,
+                reason::JOB_EXISTS,
+                message,
+                [("job", job)],
+            ),
+            SchedError::NotMember { job, worker } => refusal(
+                Code::NotFound,
+                reason::NOT_A_MEMBER,
+                message,
+                [("job", job), ("worker_id", worker.to_string())],
+            ),
+            SchedError::ClockOutOfOrder {
+                job,
+                worker,
+                clock,
+                reported,
+            } => refusal(
+                Code::FailedPrecondition,
+                reason::CLOCK_OUT_OF_ORDER,
+                message,
+                [
+                    ("job", job),
+                    ("worker_id", worker.to_string()),
+                    ("clock", clock.to_string()),
+                    ("reported", reported.to_string()),
+                ],
+            ),
+            SchedError::JobEnded { job, state, .. } | SchedError::NotRunning { job, state, .. } => {
+                refusal(
+                    Code::FailedPrecondition,
+                    reason::JOB_STATE,
+                    message,
+                    [("job", job), ("state", state.name().to_owned())],
+                )
+            }
+            SchedError::Busy { job } => refusal(
+                Code::FailedPrecondition,
+                reason::JOB_STATE,
+                message,
+                [("job", job), ("state", "checkpointing".to_owned())],
+            ),
+            SchedError::NoSuchCheckpoint { job, name } => refusal(
+                Code::NotFound,
+                reason::CHECKPOINT_NOT_FOUND,
+                message,
+                [("job", job), ("checkpoint", name)],
+            ),
+            SchedError::NoCheckpointYet { job } => refusal(
+                Code::NotFound,
+                reason::CHECKPOINT_NOT_FOUND,
+                message,
+                [("job", job)],
+            ),
+            SchedError::CheckpointShards { name, .. } => refusal(
+                Code::FailedPrecondition,
+                reason::SHARD_CONFLICT,
+                message,
+                [("checkpoint", name)],
+            ),
+            SchedError::ShardConflict { index, .. } => refusal(
+                Code::FailedPrecondition,
+                reason::SHARD_CONFLICT,
+                message,
+                [("shard", index.to_string())],
+            ),
+            SchedError::ShardNotRegistered { index, .. } => refusal(
+                Code::NotFound,
+                reason::SHARD_NOT_REGISTERED,
+                message,
+                [("shard", index.to_string())],
+            ),
+            SchedError::ShardsIncomplete => refusal(
+                Code::Unavailable,
+                reason::SHARDS_UNAVAILABLE,
+                message,
+                [("action", "registering".to_owned())],
+            ),
+            SchedError::Shards { action, .. } => refusal(
+                Code::Unavailable,
+                reason::SHARDS_UNAVAILABLE,
+                message,
+                [("action", action.to_owned())],
+            ),
+            SchedError::TimedOut { job, .. } => refusal(
+                Code::DeadlineExceeded,
+                reason::TIMED_OUT,
+                message,
+                [("job", job)],
+            ),
+            SchedError::TableCreation { .. } | SchedError::Storage { .. } => {
+                refusal(Code::Internal, reason::INTERNAL, message, [])
+            }
         }
     }
 }
@@ -34,27 +133,13 @@ impl SchedulerService {
     pub fn new(sched: Scheduler) -> Self {
         Self { sched }
     }
-}
 
-fn state_pb(s: JobState) -> pb::JobState {
-    match s {
-        JobState::Waiting => pb::JobState::Waiting,
-        JobState::Running => pb::JobState::Running,
-        JobState::Paused => pb::JobState::Paused,
-        JobState::Succeeded => pb::JobState::Succeeded,
-        JobState::Canceled => pb::JobState::Canceled,
-        JobState::Failed => pb::JobState::Failed,
-    }
-}
-
-fn staleness_pb(s: &Staleness) -> pb::StalenessStats {
-    pb::StalenessStats {
-        max_gap: s.max_gap,
-        mean_gap: s.mean_gap(),
-        wait_ms_total: s.wait_total.as_secs_f64() * 1e3,
-        wait_ms_p99: s.wait_p99().as_secs_f64() * 1e3,
-        param_age_ms_mean: s.mean_age_ms(),
-        advances: s.advances,
+    fn status(&self, job: &str) -> Result<pb::JobStatus, Status> {
+        let epoch = self.sched.shard_map().epoch;
+        let status: JobStatus = self
+            .sched
+            .with_job(job, |j, _| j.status(epoch, Instant::now()))?;
+        Ok(status.into())
     }
 }
 
@@ -67,84 +152,14 @@ fn assignment_pb(a: Assignment) -> pb::Assignment {
     }
 }
 
-fn map_pb(m: ShardMap) -> pb::ShardMap {
-    pb::ShardMap {
-        epoch: m.epoch,
-        num_shards: m.num_shards,
-        virtual_nodes: m.virtual_nodes,
-        endpoints: m.endpoints,
-        complete: m.complete,
-    }
-}
-
-fn checkpoint_pb(c: JobCheckpoint) -> pb::JobCheckpoint {
-    pb::JobCheckpoint {
-        job: c.job,
-        name: c.name,
-        clock: c.clock,
-        created_unix_ms: c.created_unix_ms,
-        map_epoch: c.map_epoch,
-        shards: c
-            .shards
-            .into_iter()
-            .map(|s| pb::ShardCheckpointRef {
-                shard_index: s.shard_index,
-                endpoint: s.endpoint,
-                name: s.name,
-                path: s.path,
-                files: s.files,
-                bytes: s.bytes,
-                sequence: s.sequence,
-            })
-            .collect(),
-    }
-}
-
-fn status_pb(j: &Job, epoch: u64) -> pb::JobStatus {
-    let now = Instant::now();
-    pb::JobStatus {
-        spec: Some((&j.spec).into()),
-        state: state_pb(j.state) as i32,
-        message: j.message.clone(),
-        min_clock: j.clocks.min().unwrap_or(0),
-        max_clock: j.clocks.max().unwrap_or(0),
-        map_epoch: epoch,
-        workers: j
-            .workers
-            .iter()
-            .map(|(id, w)| pb::WorkerStatus {
-                worker_id: *id,
-                name: w.name.clone(),
-                live: w.live,
-                clock: j.clocks.clock(*id).unwrap_or(0),
-                data_shards: if w.live { j.data.of(*id) } else { Vec::new() },
-                batch_size: w.batch,
-                examples_per_sec: w.throughput,
-                staleness: Some(staleness_pb(&w.stats)),
-            })
-            .collect(),
-        staleness: Some(staleness_pb(&j.stats)),
-        latest_checkpoint: j
-            .checkpoints
-            .last()
-            .map(|c| c.name.clone())
-            .unwrap_or_default(),
-        advances_per_sec: j.advances_per_sec(now),
-    }
-}
-
 fn job_name(name: &str) -> Result<&str, Status> {
     if name.is_empty() {
-        return Err(Status::invalid_argument("`job` is empty; name the job"));
+        return Err(invalid_field(&ValidationError::new(
+            "job",
+            "is empty; name the job",
+        )));
     }
     Ok(name)
-}
-
-impl SchedulerService {
-    fn status(&self, job: &str) -> Result<pb::JobStatus, Status> {
-        let epoch = self.sched.shard_map().epoch;
-        Ok(self.sched.with_job(job, |j, _| status_pb(j, epoch))?)
-    }
 }
 
 #[tonic::async_trait]
@@ -157,9 +172,8 @@ impl SchedulerApi for SchedulerService {
         let spec = req
             .into_inner()
             .spec
-            .ok_or_else(|| Status::invalid_argument("`spec` is missing"))?;
-        let spec = JobSpec::try_from(spec)
-            .map_err(|e| ps_runtime::status::invalid_field(&e.within("spec")))?;
+            .ok_or_else(|| invalid_field(&ValidationError::new("spec", "is missing")))?;
+        let spec = JobSpec::try_from(spec).map_err(|e| invalid_field(&e.within("spec")))?;
         let name = spec.name.clone();
         self.sched.submit(spec).await?;
         Ok(Response::new(self.status(&name)?))
@@ -203,9 +217,9 @@ impl SchedulerApi for SchedulerService {
     ) -> Result<Response<pb::RegisterShardResponse>, Status> {
         let r = req.into_inner();
         if !(r.endpoint.starts_with("http://") || r.endpoint.starts_with("https://")) {
-            return Err(Status::invalid_argument(format!(
-                "endpoint `{}` must be a URL (http://host:port)",
-                r.endpoint
+            return Err(invalid_field(&ValidationError::new(
+                "endpoint",
+                format!("`{}` must be a URL (http://host:port)", r.endpoint),
             )));
         }
         let (epoch, lease) = self
@@ -233,7 +247,7 @@ impl SchedulerApi for SchedulerService {
         &self,
         _req: Request<pb::GetShardMapRequest>,
     ) -> Result<Response<pb::ShardMap>, Status> {
-        Ok(Response::new(map_pb(self.sched.shard_map())))
+        Ok(Response::new(self.sched.shard_map().into()))
     }
 
     #[instrument(skip_all, fields(job = %req.get_ref().job))]
@@ -243,9 +257,10 @@ impl SchedulerApi for SchedulerService {
     ) -> Result<Response<pb::JoinJobResponse>, Status> {
         let r = req.into_inner();
         if r.worker_name.len() > 256 {
-            return Err(Status::invalid_argument(
-                "`worker_name` is longer than 256 bytes",
-            ));
+            return Err(invalid_field(&ValidationError::new(
+                "worker_name",
+                "is longer than 256 bytes",
+            )));
         }
         let (j, map) = self
             .sched
@@ -255,7 +270,7 @@ impl SchedulerApi for SchedulerService {
             lease_ms: j.lease.as_millis() as u64,
             clock: j.clock,
             assignment: Some(assignment_pb(j.assignment)),
-            shard_map: Some(map_pb(map)),
+            shard_map: Some(map.into()),
             spec: Some((&j.spec).into()),
         }))
     }
@@ -270,7 +285,7 @@ impl SchedulerApi for SchedulerService {
             .worker_heartbeat(job_name(&r.job)?, r.worker_id)?;
         Ok(Response::new(pb::WorkerHeartbeatResponse {
             map_epoch: epoch,
-            state: state_pb(state) as i32,
+            state: pb::JobState::from(state) as i32,
         }))
     }
 
@@ -296,7 +311,7 @@ impl SchedulerApi for SchedulerService {
             min_clock: g.min_clock,
             assignment: Some(assignment_pb(g.assignment)),
             map_epoch: epoch,
-            state: state_pb(g.state) as i32,
+            state: pb::JobState::from(g.state) as i32,
             stop: g.stop,
         }))
     }
@@ -317,7 +332,7 @@ impl SchedulerApi for SchedulerService {
     ) -> Result<Response<pb::JobCheckpoint>, Status> {
         let r = req.into_inner();
         let c = self.sched.checkpoint(job_name(&r.job)?, true).await?;
-        Ok(Response::new(checkpoint_pb(c)))
+        Ok(Response::new(c.into()))
     }
 
     async fn list_checkpoints(
@@ -327,7 +342,7 @@ impl SchedulerApi for SchedulerService {
         let r = req.into_inner();
         let cs = self.sched.checkpoints(job_name(&r.job)?)?;
         Ok(Response::new(pb::ListCheckpointsResponse {
-            checkpoints: cs.into_iter().map(checkpoint_pb).collect(),
+            checkpoints: cs.into_iter().map(Into::into).collect(),
         }))
     }
 

@@ -12,51 +12,11 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::assign::{DataShards, batch_sizes};
+pub use ps_core::status::{JobCheckpoint, JobState, ShardCheckpointRef};
+use ps_core::status::{JobStatus, StalenessStats, WorkerStatus};
+
+pub use crate::error::{Result, SchedError};
 use crate::policy::{ClockError, Clocks, Report, WorkerId};
-
-/// What a call got wrong, or why it cannot be done now.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum SchedError {
-    #[error("{0}")]
-    InvalidArgument(String),
-    #[error("{0}")]
-    NotFound(String),
-    #[error("{0}")]
-    AlreadyExists(String),
-    #[error("{0}")]
-    FailedPrecondition(String),
-    #[error("{0}")]
-    Unavailable(String),
-    #[error("{0}")]
-    Internal(String),
-}
-
-impl From<ClockError> for SchedError {
-    fn from(e: ClockError) -> Self {
-        match e {
-            ClockError::NotMember(_) => Self::NotFound(e.to_string()),
-            ClockError::OutOfOrder { .. } => Self::FailedPrecondition(e.to_string()),
-        }
-    }
-}
-
-pub type Result<T, E = SchedError> = std::result::Result<T, E>;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum JobState {
-    Waiting,
-    Running,
-    Paused,
-    Succeeded,
-    Canceled,
-    Failed,
-}
-
-impl JobState {
-    pub fn is_terminal(self) -> bool {
-        matches!(self, Self::Succeeded | Self::Canceled | Self::Failed)
-    }
-}
 
 /// A shard as registered.
 #[derive(Debug, Clone)]
@@ -151,6 +111,18 @@ impl Staleness {
             self.age_sum_us as f64 / self.age_reports as f64 / 1000.0
         }
     }
+
+    /// The figures a status reports.
+    pub fn stats(&self) -> StalenessStats {
+        StalenessStats {
+            max_gap: self.max_gap,
+            mean_gap: self.mean_gap(),
+            wait_ms_total: self.wait_total.as_secs_f64() * 1e3,
+            wait_ms_p99: self.wait_p99().as_secs_f64() * 1e3,
+            param_age_ms_mean: self.mean_age_ms(),
+            advances: self.advances,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -170,28 +142,6 @@ pub struct Worker {
     pub batch: u64,
     pub version: u64,
     pub stats: Staleness,
-}
-
-/// A recorded coordinated checkpoint.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct JobCheckpoint {
-    pub job: String,
-    pub name: String,
-    pub clock: u64,
-    pub created_unix_ms: u64,
-    pub map_epoch: u64,
-    pub shards: Vec<ShardCheckpointRef>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-pub struct ShardCheckpointRef {
-    pub shard_index: u32,
-    pub endpoint: String,
-    pub name: String,
-    pub path: String,
-    pub files: u64,
-    pub bytes: u64,
-    pub sequence: u64,
 }
 
 #[derive(Debug)]
@@ -465,12 +415,12 @@ impl Job {
 
     /// The member `id`, live, or `not_found`.
     pub fn member(&mut self, id: WorkerId) -> Result<&mut Worker> {
-        let job = self.spec.name.clone();
         match self.workers.get_mut(&id) {
             Some(w) if w.live => Ok(w),
-            _ => Err(SchedError::NotFound(format!(
-                "worker {id} is not a live member of job `{job}` (its lease expired, or it left); join again"
-            ))),
+            _ => Err(SchedError::NotMember {
+                job: self.spec.name.clone(),
+                worker: id,
+            }),
         }
     }
 
@@ -494,12 +444,14 @@ impl Job {
         let outcome = if w.resync {
             let recorded = self.clocks.clock(id).unwrap_or(0);
             if f + 1 < recorded {
-                return Err(ClockError::OutOfOrder {
-                    worker: id,
-                    clock: recorded,
-                    reported: f,
-                }
-                .into());
+                return Err(SchedError::clock(
+                    &self.spec.name,
+                    ClockError::OutOfOrder {
+                        worker: id,
+                        clock: recorded,
+                        reported: f,
+                    },
+                ));
             }
             let before = self.clocks.min();
             self.clocks.insert(id, recorded.max(f + 1));
@@ -507,7 +459,9 @@ impl Job {
                 min_changed: before != self.clocks.min(),
             }
         } else {
-            self.clocks.finish(id, f)?
+            self.clocks
+                .finish(id, f)
+                .map_err(|e| SchedError::clock(&self.spec.name, e))?
         };
         let Report::Advanced { min_changed } = outcome else {
             return Ok(());
@@ -613,6 +567,39 @@ impl Job {
         self.clocks
             .set_barrier(next_boundary(self.spec.checkpoint_every, clock));
         self.wake();
+    }
+
+    /// The job as a status report, with the map at `epoch`.
+    pub fn status(&self, epoch: u64, now: Instant) -> JobStatus {
+        JobStatus {
+            spec: self.spec.clone(),
+            state: self.state,
+            message: self.message.clone(),
+            min_clock: self.clocks.min().unwrap_or(0),
+            max_clock: self.clocks.max().unwrap_or(0),
+            map_epoch: epoch,
+            workers: self
+                .workers
+                .iter()
+                .map(|(id, w)| WorkerStatus {
+                    worker_id: *id,
+                    name: w.name.clone(),
+                    live: w.live,
+                    clock: self.clocks.clock(*id).unwrap_or(0),
+                    data_shards: if w.live {
+                        self.data.of(*id)
+                    } else {
+                        Vec::new()
+                    },
+                    batch_size: w.batch,
+                    examples_per_sec: w.throughput,
+                    staleness: w.stats.stats(),
+                })
+                .collect(),
+            staleness: self.stats.stats(),
+            latest_checkpoint: self.checkpoints.last().map(|c| c.name.clone()),
+            advances_per_sec: self.advances_per_sec(now),
+        }
     }
 
     pub fn advances_per_sec(&self, now: Instant) -> f64 {

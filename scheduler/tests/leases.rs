@@ -42,7 +42,10 @@ async fn an_expired_worker_is_removed_and_a_late_joiner_is_served() {
     assert_eq!(ws[0], (a.worker_id, true, vec![0, 1]));
     assert!(!ws[1].1, "b's lease expired");
     let e = s.worker_heartbeat("leases", b.worker_id).unwrap_err();
-    assert!(matches!(e, SchedError::NotFound(_)), "{e}");
+    assert!(
+        matches!(e, SchedError::NotMember { worker, .. } if worker == b.worker_id),
+        "{e}"
+    );
 
     // A late joiner starts at the minimum clock and takes a part back.
     let (c, _) = s.join("leases", "c", 0).unwrap();
@@ -59,7 +62,7 @@ async fn bad_calls_change_nothing() {
     let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
     assert!(matches!(
         s.join("nope", "a", 0),
-        Err(SchedError::NotFound(_))
+        Err(SchedError::NoSuchJob { ref job }) if job == "nope"
     ));
     let spec = JobSpec::from_toml(JOB).unwrap();
     s.submit(spec.clone()).await.unwrap();
@@ -70,7 +73,7 @@ async fn bad_calls_change_nothing() {
     other.num_workers = 3;
     assert!(matches!(
         s.submit(other).await,
-        Err(SchedError::AlreadyExists(_))
+        Err(SchedError::JobExists { .. })
     ));
     let (a, _) = s.join("leases", "a", 0).unwrap();
     let report = ps_scheduler::state::ClockReport {
@@ -87,7 +90,14 @@ async fn bad_calls_change_nothing() {
         .await
         .unwrap_err();
     assert!(
-        matches!(e, SchedError::FailedPrecondition(ref m) if m.contains("out of order")),
+        matches!(
+            e,
+            SchedError::ClockOutOfOrder {
+                clock: 0,
+                reported: 7,
+                ..
+            }
+        ),
         "{e}"
     );
     assert_eq!(
@@ -99,6 +109,6 @@ async fn bad_calls_change_nothing() {
     let report = ps_scheduler::state::ClockReport::default();
     assert!(matches!(
         s.advance("leases", 999, report, None).await,
-        Err(SchedError::NotFound(_))
+        Err(SchedError::NotMember { worker: 999, .. })
     ));
 }

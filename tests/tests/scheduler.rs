@@ -14,6 +14,7 @@ use parking_lot::Mutex;
 use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
 use ps_client::{ClientConfig, PsClient};
 use ps_core::JobSpec;
+use ps_core::status::JobState;
 use ps_launch::{Service, binary};
 use ps_scheduler::Config;
 use tokio::net::TcpListener;
@@ -231,7 +232,7 @@ async fn staleness_stays_within_the_bound_under_bsp_ssp_and_asp() {
             }
         }
         let status = sched.job(name).await.unwrap();
-        let st = status.staleness.unwrap();
+        let st = status.staleness;
         eprintln!(
             "{name}: max gap seen {max_gap}, scheduler max gap {}, wait total {:.0} ms",
             st.max_gap, st.wait_ms_total
@@ -473,7 +474,7 @@ async fn a_lost_shard_pauses_the_job_until_it_returns_and_nothing_is_lost() {
     let mut paused = None;
     for _ in 0..100 {
         let st = sched.job("pause").await.unwrap();
-        if st.state == ps_proto::v1::JobState::Paused as i32 {
+        if st.state == JobState::Paused {
             paused = Some(st);
             break;
         }
@@ -508,12 +509,7 @@ async fn a_lost_shard_pauses_the_job_until_it_returns_and_nothing_is_lost() {
     let after = sched.shard_map().await.unwrap();
     assert!(after.epoch > map.epoch, "the new address is a new epoch");
     let st = sched.job("pause").await.unwrap();
-    assert_eq!(
-        st.state,
-        ps_proto::v1::JobState::Running as i32,
-        "{}",
-        st.message
-    );
+    assert_eq!(st.state, JobState::Running, "{}", st.message);
     // Every acknowledged push survived the kill and none was applied twice.
     let mut cfg = client_cfg();
     cfg.endpoints = after.endpoints;
@@ -536,7 +532,9 @@ async fn bad_input_gets_a_clear_status_and_changes_nothing() {
 
     // Invalid specs, sent raw (the SDK's JobSpec could not even hold them).
     let good = ps_proto::v1::JobSpec::from(&job("good", "ssp", 2, ""));
-    let mut raw = sched.raw();
+    let mut raw = ps_proto::v1::scheduler_client::SchedulerClient::connect(c.sched.url.clone())
+        .await
+        .unwrap();
     for (tweak, want) in [
         (
             Box::new(|s: &mut ps_proto::v1::JobSpec| s.staleness = -1) as Box<dyn Fn(&mut _)>,

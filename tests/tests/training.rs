@@ -152,7 +152,7 @@ learning_rate = 0.05
     let st = sched.job("kill").await.unwrap();
     assert_eq!(
         st.state,
-        ps_proto::v1::JobState::Succeeded as i32,
+        ps_core::status::JobState::Succeeded,
         "{}",
         st.message
     );

@@ -137,7 +137,7 @@ async fn main() -> anyhow::Result<()> {
     let cpu = cpu_seconds(pid)? - cpu0;
     lat.sort_unstable();
     let st = clients[0].job("bench").await?;
-    let stale = st.staleness.unwrap_or_default();
+    let stale = st.staleness;
     let n = lat.len() as f64;
     println!(
         "{} workers, SSP({}), {}, {} advances in {:.2} s over {} connections",

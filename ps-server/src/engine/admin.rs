@@ -9,9 +9,9 @@ use std::sync::atomic::Ordering;
 use ps_core::{TableName, TableSpec};
 
 use super::keys::{META_NEXT_ID, StoredTable, table_key};
-use super::table::TableStatsView;
 use super::{Cmd, Engine, EngineError, Inner, Result};
 use crate::store::{Cf, Store, StoreBatch, StoreError};
+use ps_core::status::TableStats;
 
 /// Where a checkpoint of the store was written.
 #[derive(Debug, Clone)]
@@ -23,14 +23,14 @@ pub struct CheckpointDone {
 
 /// A point-in-time view of the shard for `GetStats`.
 #[derive(Debug, Clone)]
-pub struct ShardStats {
+pub struct EngineStats {
     pub uptime_ms: u64,
     pub pushes_applied: u64,
     pub pushes_duplicate: u64,
     pub write_batches: u64,
     pub bytes_written: u64,
     pub live_data_bytes: u64,
-    pub tables: Vec<TableStatsView>,
+    pub tables: Vec<TableStats>,
 }
 
 impl<S: Store> Engine<S> {
@@ -55,9 +55,9 @@ impl<S: Store> Engine<S> {
         self.submit(|r| Cmd::Checkpoint(name, r)).await
     }
 
-    pub fn stats(&self) -> ShardStats {
+    pub fn stats(&self) -> EngineStats {
         let c = &self.inner.counters;
-        let mut tables: Vec<TableStatsView> = self
+        let mut tables: Vec<TableStats> = self
             .inner
             .tables
             .read()
@@ -65,7 +65,7 @@ impl<S: Store> Engine<S> {
             .map(|t| t.stats())
             .collect();
         tables.sort_by(|a, b| a.name.cmp(&b.name));
-        ShardStats {
+        EngineStats {
             uptime_ms: self.inner.started.elapsed().as_millis() as u64,
             pushes_applied: c.pushes_applied.load(Ordering::Relaxed),
             pushes_duplicate: c.pushes_duplicate.load(Ordering::Relaxed),

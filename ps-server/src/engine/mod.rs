@@ -48,12 +48,12 @@ use parking_lot::{Mutex, RwLock};
 use ps_core::{Partitioner, PushDense, PushSparse, TableName, TableSpec};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-pub use admin::{CheckpointDone, ShardStats};
+pub use admin::{CheckpointDone, EngineStats};
 pub use error::{EngineError, Result};
 pub use read::PulledDense;
 pub use routing::MapEpoch;
 pub use shard::{Checkpointed, Reopen, Restored, Shard};
-pub use table::{Table, TableStatsView};
+pub use table::Table;
 
 use crate::dense_log::{DenseLog, DenseLogOptions};
 use crate::store::{Store, StoreError};

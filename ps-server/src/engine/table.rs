@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use dashmap::DashMap;
 use parking_lot::RwLock;
+use ps_core::status::TableStats;
 use ps_core::{TableKind, TableSpec};
 
 use crate::optim;
@@ -65,17 +66,6 @@ pub struct Table {
     pub(super) counters: TableCounters,
 }
 
-/// A table's counters on this shard, for `GetStats` and `DescribeTable`.
-#[derive(Debug, Clone)]
-pub struct TableStatsView {
-    pub name: String,
-    pub rows: u64,
-    pub pushes: u64,
-    pub pulls: u64,
-    pub values_pushed: u64,
-    pub values_pulled: u64,
-}
-
 impl Table {
     /// A table with every dense chunk `owned` says is this shard's at its initial value
     /// (sparse tables start empty).
@@ -119,8 +109,8 @@ impl Table {
     }
 
     /// This table's counters on this shard.
-    pub fn stats(&self) -> TableStatsView {
-        TableStatsView {
+    pub fn stats(&self) -> TableStats {
+        TableStats {
             name: self.spec.name.to_string(),
             rows: self.rows(),
             pushes: self.counters.pushes.load(Ordering::Relaxed),

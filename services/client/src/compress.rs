@@ -8,7 +8,8 @@ use parking_lot::Mutex;
 use ps_codec::{Codec, CompressOptions, Encoder, ErrorFeedback, RowErrorFeedback};
 use ps_core::{Encoding, TableName};
 
-use crate::ClientError;
+use crate::admin::table_name;
+use crate::{ClientError, PsClient};
 
 /// How one table's values travel.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -178,5 +179,48 @@ impl Codecs {
     /// Forgets a table (it was dropped).
     pub fn forget(&self, name: &TableName) {
         self.tables.lock().remove(name);
+    }
+}
+
+impl PsClient {
+    /// Sets how table `name` travels from now on: the codec of its pushes (with error feedback
+    /// kept by this client when the codec is lossy) and the encoding of its pulls. A residual
+    /// kept under the previous codec is dropped.
+    pub fn set_table_codec(&self, name: &str, codec: TableCodec) -> Result<(), ClientError> {
+        codec.check()?;
+        self.inner.codecs.set(table_name(name)?, codec);
+        Ok(())
+    }
+
+    /// Sets the ratio of table `name`'s top-k or random-k pushes from the next push on,
+    /// keeping what its residual owes: for a sparsity warm-up, which sends a larger share in
+    /// the first epochs. Any other codec is an `InvalidInput` error, as is a ratio outside
+    /// (0, 1].
+    pub fn set_push_ratio(&self, name: &str, ratio: f64) -> Result<(), ClientError> {
+        self.inner.codecs.set_ratio(&table_name(name)?, ratio)
+    }
+
+    /// How table `name` travels.
+    pub fn table_codec(&self, name: &str) -> Result<TableCodec, ClientError> {
+        Ok(self.inner.codecs.get(&table_name(name)?).0)
+    }
+
+    /// What this client still owes dense table `name`: the part of its gradients that a lossy
+    /// codec has not sent yet (error feedback adds it to the next push). Empty before the first
+    /// lossy push.
+    pub fn dense_residual(&self, name: &str) -> Result<Vec<f32>, ClientError> {
+        let (_, sender) = self.inner.codecs.get(&table_name(name)?);
+        Ok(sender.lock().dense.residual().to_vec())
+    }
+
+    /// What this client still owes row `id` of sparse table `name`, if anything.
+    pub fn row_residual(&self, name: &str, id: u64) -> Result<Option<Vec<f32>>, ClientError> {
+        let (_, sender) = self.inner.codecs.get(&table_name(name)?);
+        let guard = sender.lock();
+        Ok(guard
+            .rows
+            .as_ref()
+            .and_then(|r| r.residual(id))
+            .map(<[f32]>::to_vec))
     }
 }

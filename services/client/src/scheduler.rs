@@ -17,14 +17,15 @@
 //! # let _ = ps; Ok(()) }
 //! ```
 //!
-//! Status types are the `ps.v1` messages themselves (`pb::JobStatus`, `pb::JobCheckpoint`): they
-//! are read-only views, printed by `psctl` and inspected by tests.
+//! What the scheduler reports comes back as `ps_core::status` types ([`JobStatus`],
+//! [`JobCheckpoint`], [`ShardMap`]), converted from the wire once and checked.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ps_core::JobSpec;
+use ps_core::status::{JobCheckpoint, JobStatus, ShardMap};
 use ps_proto::v1 as pb;
 use ps_proto::v1::scheduler_client::SchedulerClient as Raw;
 use tokio::task::JoinHandle;
@@ -53,11 +54,24 @@ impl crate::MapSource for SchedulerClient {
 impl SchedulerClient {
     /// Connects lazily: the first call reports an unreachable scheduler as `unavailable`.
     pub async fn connect(endpoint: &str) -> Result<Self, ClientError> {
-        let channel = Endpoint::from_shared(endpoint.to_owned())
+        Self::connect_with_timeout(endpoint, None).await
+    }
+
+    /// [`SchedulerClient::connect`], with a deadline on every call (not for workers, whose
+    /// clock reports wait as long as the consistency model says).
+    pub async fn connect_with_timeout(
+        endpoint: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Self, ClientError> {
+        let ep = Endpoint::from_shared(endpoint.to_owned())
             .map_err(|e| ClientError::InvalidInput(format!("bad scheduler URL `{endpoint}`: {e}")))?
             .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true)
-            .connect_lazy();
+            .tcp_nodelay(true);
+        let channel = match timeout {
+            Some(t) => ep.timeout(t),
+            None => ep,
+        }
+        .connect_lazy();
         Ok(Self {
             endpoint: endpoint.to_owned(),
             raw: Raw::new(channel)
@@ -99,58 +113,70 @@ impl SchedulerClient {
         }
     }
 
-    pub async fn submit(&self, spec: &JobSpec) -> Result<pb::JobStatus, ClientError> {
+    pub async fn submit(&self, spec: &JobSpec) -> Result<JobStatus, ClientError> {
         let req = pb::SubmitJobRequest {
             spec: Some(spec.into()),
         };
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.submit_job(req).await }
-        })
-        .await
+        let st = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.submit_job(req).await }
+            })
+            .await?;
+        job_status(st)
     }
 
-    pub async fn job(&self, job: &str) -> Result<pb::JobStatus, ClientError> {
+    pub async fn job(&self, job: &str) -> Result<JobStatus, ClientError> {
         let job = job.to_owned();
-        self.call(|mut c| {
-            let job = job.clone();
-            async move { c.get_job(pb::GetJobRequest { job }).await }
-        })
-        .await
+        let st = self
+            .call(|mut c| {
+                let job = job.clone();
+                async move { c.get_job(pb::GetJobRequest { job }).await }
+            })
+            .await?;
+        job_status(st)
     }
 
-    pub async fn jobs(&self) -> Result<Vec<pb::JobStatus>, ClientError> {
-        Ok(self
-            .call(|mut c| async move { c.list_jobs(pb::ListJobsRequest {}).await })
+    pub async fn jobs(&self) -> Result<Vec<JobStatus>, ClientError> {
+        self.call(|mut c| async move { c.list_jobs(pb::ListJobsRequest {}).await })
             .await?
-            .jobs)
+            .jobs
+            .into_iter()
+            .map(job_status)
+            .collect()
     }
 
-    pub async fn cancel(&self, job: &str) -> Result<pb::JobStatus, ClientError> {
+    pub async fn cancel(&self, job: &str) -> Result<JobStatus, ClientError> {
         let job = job.to_owned();
-        self.call(|mut c| {
-            let job = job.clone();
-            async move { c.cancel_job(pb::CancelJobRequest { job }).await }
-        })
-        .await
+        let st = self
+            .call(|mut c| {
+                let job = job.clone();
+                async move { c.cancel_job(pb::CancelJobRequest { job }).await }
+            })
+            .await?;
+        job_status(st)
     }
 
-    pub async fn shard_map(&self) -> Result<pb::ShardMap, ClientError> {
-        self.call(|mut c| async move { c.get_shard_map(pb::GetShardMapRequest {}).await })
-            .await
+    pub async fn shard_map(&self) -> Result<ShardMap, ClientError> {
+        let map = self
+            .call(|mut c| async move { c.get_shard_map(pb::GetShardMapRequest {}).await })
+            .await?;
+        ShardMap::try_from(map).map_err(|e| ClientError::Protocol(format!("shard map: {e}")))
     }
 
     /// Takes a coordinated checkpoint now and returns its manifest.
-    pub async fn checkpoint(&self, job: &str) -> Result<pb::JobCheckpoint, ClientError> {
+    pub async fn checkpoint(&self, job: &str) -> Result<JobCheckpoint, ClientError> {
         let job = job.to_owned();
-        self.call(|mut c| {
-            let job = job.clone();
-            async move { c.checkpoint_job(pb::CheckpointJobRequest { job }).await }
-        })
-        .await
+        let c = self
+            .call(|mut c| {
+                let job = job.clone();
+                async move { c.checkpoint_job(pb::CheckpointJobRequest { job }).await }
+            })
+            .await?;
+        Ok(c.into())
     }
 
-    pub async fn checkpoints(&self, job: &str) -> Result<Vec<pb::JobCheckpoint>, ClientError> {
+    pub async fn checkpoints(&self, job: &str) -> Result<Vec<JobCheckpoint>, ClientError> {
         let job = job.to_owned();
         Ok(self
             .call(|mut c| {
@@ -158,30 +184,79 @@ impl SchedulerClient {
                 async move { c.list_checkpoints(pb::ListCheckpointsRequest { job }).await }
             })
             .await?
-            .checkpoints)
+            .checkpoints
+            .into_iter()
+            .map(Into::into)
+            .collect())
     }
 
     /// Restores the job to checkpoint `name` (the latest when `None`).
-    pub async fn resume(
-        &self,
-        job: &str,
-        name: Option<&str>,
-    ) -> Result<pb::JobStatus, ClientError> {
+    pub async fn resume(&self, job: &str, name: Option<&str>) -> Result<JobStatus, ClientError> {
         let req = pb::ResumeJobRequest {
             job: job.to_owned(),
             checkpoint: name.unwrap_or_default().to_owned(),
         };
-        self.call(|mut c| {
-            let req = req.clone();
-            async move { c.resume_job(req).await }
-        })
-        .await
+        let st = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.resume_job(req).await }
+            })
+            .await?;
+        job_status(st)
+    }
+}
+
+/// A shard's membership in the cluster: what it registers as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShardRegistration {
+    pub shard_index: u32,
+    pub num_shards: u32,
+    pub virtual_nodes: u32,
+    /// The URL workers reach the shard at.
+    pub endpoint: String,
+}
+
+impl SchedulerClient {
+    /// Registers a shard; returns the map epoch and the lease to renew within.
+    pub async fn register_shard(
+        &self,
+        shard: &ShardRegistration,
+    ) -> Result<(u64, Duration), ClientError> {
+        let req = pb::RegisterShardRequest {
+            shard_index: shard.shard_index,
+            num_shards: shard.num_shards,
+            virtual_nodes: shard.virtual_nodes,
+            endpoint: shard.endpoint.clone(),
+        };
+        let r = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.register_shard(req).await }
+            })
+            .await?;
+        Ok((r.map_epoch, Duration::from_millis(r.lease_ms)))
     }
 
-    /// The raw generated client, for calls this wrapper does not cover.
-    pub fn raw(&self) -> Raw<Channel> {
-        self.raw.clone()
+    /// Renews a shard's lease; returns the map epoch. A shard the scheduler does not know is
+    /// refused with reason `SHARD_NOT_REGISTERED`: register again.
+    pub async fn shard_heartbeat(&self, shard: &ShardRegistration) -> Result<u64, ClientError> {
+        let req = pb::ShardHeartbeatRequest {
+            shard_index: shard.shard_index,
+            endpoint: shard.endpoint.clone(),
+        };
+        let r = self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.shard_heartbeat(req).await }
+            })
+            .await?;
+        Ok(r.map_epoch)
     }
+}
+
+/// A job status from the wire, checked.
+fn job_status(st: pb::JobStatus) -> Result<JobStatus, ClientError> {
+    JobStatus::try_from(st).map_err(|e| ClientError::Protocol(format!("job status: {e}")))
 }
 
 /// What a finished clock did, for the scheduler's throughput and staleness figures.
@@ -219,7 +294,7 @@ pub struct WorkerSession {
     name: String,
     worker_id: u64,
     spec: JobSpec,
-    map: pb::ShardMap,
+    map: ShardMap,
     epoch: Arc<AtomicU64>,
     clock: u64,
     started: Instant,
@@ -269,7 +344,13 @@ impl WorkerSession {
             .clone()
             .ok_or_else(|| ClientError::Protocol("JoinJob answered without a spec".into()))
             .and_then(|s| JobSpec::try_from(s).map_err(|e| ClientError::Protocol(e.to_string())))?;
-        let map = r.shard_map.clone().unwrap_or_default();
+        let map = r
+            .shard_map
+            .clone()
+            .map(ShardMap::try_from)
+            .transpose()
+            .map_err(|e| ClientError::Protocol(format!("shard map: {e}")))?
+            .unwrap_or_default();
         let epoch = Arc::new(AtomicU64::new(map.epoch));
         let lease = Duration::from_millis(r.lease_ms.max(100));
         let heartbeat = tokio::spawn(heartbeat(
@@ -321,7 +402,7 @@ impl WorkerSession {
     }
 
     /// The shard map as of the join.
-    pub fn shard_map(&self) -> &pb::ShardMap {
+    pub fn shard_map(&self) -> &ShardMap {
         &self.map
     }
 
@@ -452,7 +533,7 @@ async fn heartbeat(
             job: job.clone(),
             worker_id,
         };
-        match sched.raw().worker_heartbeat(req).await {
+        match sched.raw.clone().worker_heartbeat(req).await {
             Ok(r) => {
                 epoch.fetch_max(r.into_inner().map_epoch, Ordering::Relaxed);
             }

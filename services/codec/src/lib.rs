@@ -324,6 +324,22 @@ impl Encoded {
         Ok(())
     }
 
+    /// The positions a sparse payload (top-k, random-k) carries, ascending, checked as a
+    /// decode checks them; `None` for a dense encoding, which carries every position.
+    pub fn indices(&self) -> Result<Option<Vec<usize>>, CodecError> {
+        if !self.header.encoding.is_sparse() {
+            return Ok(None);
+        }
+        let raw = raw_bytes(&self.header, &self.data)?;
+        let mut out = Vec::with_capacity(
+            usize::try_from(self.header.num_entries)
+                .unwrap_or(0)
+                .min(raw.len()),
+        );
+        sparse::for_each_entry(&self.header, &raw, |i, _| out.push(i))?;
+        Ok(Some(out))
+    }
+
     /// Bytes on the wire.
     pub fn wire_len(&self) -> usize {
         self.data.len()

@@ -570,3 +570,31 @@ fn top_k_one_percent_is_over_80x_smaller() {
     let ratio = (v.len() * 4) as f64 / e.data.len() as f64;
     assert!(ratio > 80.0, "only {ratio:.1}x");
 }
+
+/// A sparse payload names exactly the positions it carries: those a decode writes, and they
+/// are the largest magnitudes for top-k. A dense encoding carries every position.
+#[test]
+fn a_sparse_payload_names_the_positions_it_carries() {
+    let v: Vec<f32> = (0..200).map(|i| ((i * 37) % 101) as f32 - 50.0).collect();
+    let e = encoder(Codec::TopK {
+        ratio: 0.05,
+        values: SparseValues::F32,
+    })
+    .encode(&v);
+    let idx = e.indices().unwrap().expect("a sparse payload");
+    assert_eq!(idx.len(), 10);
+    assert!(idx.windows(2).all(|w| w[0] < w[1]));
+    let decoded = e.to_vec().unwrap();
+    let written: Vec<usize> = (0..v.len()).filter(|&i| decoded[i] != 0.0).collect();
+    assert_eq!(idx, written);
+    let smallest_sent = idx
+        .iter()
+        .map(|&i| v[i].abs())
+        .fold(f32::INFINITY, f32::min);
+    assert!(
+        (0..v.len())
+            .filter(|i| !idx.contains(i))
+            .all(|i| v[i].abs() <= smallest_sent)
+    );
+    assert_eq!(encoder(Codec::F16).encode(&v).indices().unwrap(), None);
+}

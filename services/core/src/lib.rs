@@ -27,6 +27,7 @@ pub mod optim;
 pub mod partition;
 pub mod payload;
 pub mod request;
+pub mod status;
 pub mod table;
 
 pub use error::ValidationError;
@@ -104,7 +105,16 @@ pub mod wire {
         pub const NOT_A_MEMBER: &str = "NOT_A_MEMBER";
         /// The job's state does not allow the call (`job`, `state`).
         pub const JOB_STATE: &str = "JOB_STATE";
-        /// A shard registration that contradicts the cluster (`shard`).
+        /// A clock report for another clock than the worker's next (`job`, `worker_id`,
+        /// `clock`, `reported`).
+        pub const CLOCK_OUT_OF_ORDER: &str = "CLOCK_OUT_OF_ORDER";
+        /// A shard registration (or a checkpoint) that contradicts the cluster (`shard`).
         pub const SHARD_CONFLICT: &str = "SHARD_CONFLICT";
+        /// A heartbeat of a shard the scheduler does not know (`shard`): register again.
+        pub const SHARD_NOT_REGISTERED: &str = "SHARD_NOT_REGISTERED";
+        /// The scheduler cannot reach every shard (`action`): retry.
+        pub const SHARDS_UNAVAILABLE: &str = "SHARDS_UNAVAILABLE";
+        /// A wait for the workers (a checkpoint's boundary) ran out of time (`job`).
+        pub const TIMED_OUT: &str = "TIMED_OUT";
     }
 }

@@ -1,0 +1,90 @@
+//! How `psctl` shows what the scheduler reports: tables for people, JSON for scripts.
+
+use ps_core::status::{JobCheckpoint, JobStatus};
+
+/// A job, its figures and its members, as a table.
+pub fn print_job(j: &JobStatus) {
+    let st = &j.staleness;
+    println!(
+        "job {}  {}  {}  shards {}  map epoch {}",
+        j.spec.name, j.state, j.spec.consistency, j.spec.num_shards, j.map_epoch
+    );
+    if !j.message.is_empty() {
+        println!("  {}", j.message);
+    }
+    println!(
+        "  clocks {}..{}  {:.1} advances/s  gap max {} mean {:.2}  wait total {:.0} ms p99 {:.2} ms  param age {:.1} ms",
+        j.min_clock,
+        j.max_clock,
+        j.advances_per_sec,
+        st.max_gap,
+        st.mean_gap,
+        st.wait_ms_total,
+        st.wait_ms_p99,
+        st.param_age_ms_mean
+    );
+    if let Some(c) = &j.latest_checkpoint {
+        println!("  latest checkpoint {c}");
+    }
+    println!(
+        "  {:>6} {:<16} {:<5} {:>7} {:>5} {:>6} {:>10} {:>7} {:>9} {:<12}",
+        "ID", "NAME", "LIVE", "CLOCK", "GAP", "BATCH", "EX/S", "MAXGAP", "WAIT MS", "DATA"
+    );
+    for w in &j.workers {
+        println!(
+            "  {:>6} {:<16} {:<5} {:>7} {:>5} {:>6} {:>10.0} {:>7} {:>9.1} {:<12}",
+            w.worker_id,
+            w.name,
+            if w.live { "yes" } else { "no" },
+            w.clock,
+            if w.live {
+                w.clock - j.min_clock.min(w.clock)
+            } else {
+                0
+            },
+            w.batch_size,
+            w.examples_per_sec,
+            w.staleness.max_gap,
+            w.staleness.wait_ms_total,
+            format!("{:?}", w.data_shards)
+        );
+    }
+}
+
+/// A job for scripts (`psctl --json status`).
+pub fn job_json(j: &JobStatus) -> serde_json::Value {
+    serde_json::json!({
+        "job": j.spec.name,
+        "state": j.state.name(),
+        "message": j.message,
+        "consistency": j.spec.consistency.to_string(),
+        "min_clock": j.min_clock,
+        "max_clock": j.max_clock,
+        "map_epoch": j.map_epoch,
+        "advances_per_sec": j.advances_per_sec,
+        "latest_checkpoint": j.latest_checkpoint.clone().unwrap_or_default(),
+        "staleness": j.staleness,
+        "workers": j.workers.iter().map(|w| serde_json::json!({
+            "id": w.worker_id, "name": w.name, "live": w.live, "clock": w.clock,
+            "data_shards": w.data_shards, "batch_size": w.batch_size,
+            "examples_per_sec": w.examples_per_sec,
+            "max_gap": w.staleness.max_gap,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// A checkpoint's manifest for scripts.
+pub fn checkpoint_json(c: &JobCheckpoint) -> serde_json::Value {
+    serde_json::json!({
+        "job": c.job, "name": c.name, "clock": c.clock, "created_unix_ms": c.created_unix_ms,
+        "map_epoch": c.map_epoch,
+        "shards": c.shards.iter().map(|s| serde_json::json!({
+            "shard": s.shard_index, "endpoint": s.endpoint, "name": s.name, "path": s.path,
+            "files": s.files, "bytes": s.bytes, "sequence": s.sequence,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+pub fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+}

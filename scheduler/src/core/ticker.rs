@@ -1,0 +1,152 @@
+//! The ticker: every tick (or sooner, when kicked) it expires leases, starts table creation
+//! for jobs whose shards are all up, starts scheduled checkpoints, and writes the state file
+//! when it changed (at most once a second).
+
+use tokio::time::{Duration, Instant};
+
+use super::{Scheduler, State};
+use crate::error::SchedError;
+use crate::metrics as m;
+use crate::policy::WorkerId;
+use crate::state::{Job, JobState};
+
+impl Scheduler {
+    pub(super) async fn run_ticker(&self) {
+        let mut last_save = Instant::now();
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(self.inner.cfg.tick) => {}
+                () = self.inner.kick.notified() => {}
+                () = self.inner.stop.cancelled() => return,
+            }
+            let now = Instant::now();
+            let (create, due) = self.expire_and_collect(now);
+            for job in create {
+                let this = self.clone();
+                tokio::spawn(async move { this.create_tables(&job).await });
+            }
+            for job in due {
+                let this = self.clone();
+                tokio::spawn(async move {
+                    let _ = this.checkpoint(&job, false).await;
+                });
+            }
+            let dirty = self.inner.state.lock().dirty;
+            if dirty && now.duration_since(last_save) >= Duration::from_secs(1) {
+                if let Err(e) = self.save().await {
+                    tracing::warn!(error = %e, "saving the scheduler state");
+                }
+                last_save = now;
+            }
+        }
+    }
+
+    /// Expires leases; returns the jobs whose tables should be created and those due for a
+    /// scheduled checkpoint.
+    pub(super) fn expire_and_collect(&self, now: Instant) -> (Vec<String>, Vec<String>) {
+        let mut st = self.inner.state.lock();
+        let State {
+            cluster,
+            jobs,
+            dirty,
+            ..
+        } = &mut *st;
+        let mut lost_shard = false;
+        for (i, s) in cluster.shards.iter_mut().enumerate() {
+            if s.as_ref().is_some_and(|m| m.lease_until <= now) {
+                tracing::warn!(shard = i, "shard lease expired; its jobs pause");
+                *s = None;
+                lost_shard = true;
+            }
+        }
+        let mut create = Vec::new();
+        let mut due = Vec::new();
+        for job in jobs.values_mut() {
+            let expired: Vec<WorkerId> = job
+                .workers
+                .iter()
+                .filter(|(_, w)| w.live && w.lease_until <= now)
+                .map(|(id, _)| *id)
+                .collect();
+            for w in expired {
+                tracing::warn!(
+                    job = job.name(),
+                    worker = w,
+                    "worker lease expired; removed from the clocks"
+                );
+                job.remove(w);
+                m::live_workers(job.name(), job.live().len());
+                *dirty = true;
+            }
+            if lost_shard {
+                job.refresh(cluster);
+            }
+            if !job.state.is_terminal()
+                && cluster.complete()
+                && cluster.num_shards == job.spec.num_shards
+                && !job.tables_ready
+                && !job.creating_tables
+            {
+                job.creating_tables = true;
+                create.push(job.spec.name.clone());
+            }
+            if job.checkpoint_due() {
+                due.push(job.spec.name.clone());
+            }
+            m::min_clock(job.name(), job.clocks.min().unwrap_or(0));
+        }
+        (create, due)
+    }
+
+    pub(super) async fn create_tables(&self, job: &str) {
+        let specs = match self.with_job(job, |j, _| j.spec.tables.clone()) {
+            Ok(s) => s,
+            Err(_) => return,
+        };
+        let result = async {
+            let ps = self.shards_client().await?;
+            for t in specs {
+                ps.create_table(t.spec.clone())
+                    .await
+                    .map_err(|e| SchedError::TableCreation {
+                        table: t.spec.name.to_string(),
+                        cause: e.to_string(),
+                    })?;
+            }
+            Ok::<_, SchedError>(())
+        }
+        .await;
+        let cluster = self.inner.state.lock().cluster.clone();
+        let _ = self.with_job(job, |j, _| {
+            j.creating_tables = false;
+            match &result {
+                Ok(()) => {
+                    j.tables_ready = true;
+                    tracing::info!(job, tables = j.spec.tables.len(), "tables created");
+                }
+                Err(e @ SchedError::TableCreation { .. }) => {
+                    j.state = JobState::Failed;
+                    j.message = e.to_string();
+                    j.wake();
+                }
+                Err(e) => tracing::warn!(job, error = %e, "creating tables; will retry"),
+            }
+            j.refresh(&cluster);
+        });
+        let _ = self.save().await;
+    }
+}
+
+impl Job {
+    /// Whether a scheduled checkpoint should start: every live worker is held at the boundary.
+    pub fn checkpoint_due(&self) -> bool {
+        self.spec.checkpoint_every > 0
+            && self.state == JobState::Running
+            && !self.checkpointing
+            && !self.clocks.is_empty()
+            && self
+                .clocks
+                .barrier()
+                .is_some_and(|b| self.clocks.min().is_some_and(|m| m >= b))
+    }
+}

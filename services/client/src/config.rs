@@ -1,0 +1,75 @@
+//! How a client reaches the cluster and behaves when it misbehaves.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::{ClientError, TableCodec};
+
+/// How to reach the cluster and how to behave when it misbehaves.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    /// Shard endpoints in shard-index order (`http://host:port`).
+    pub endpoints: Vec<String>,
+    /// This client's id for exactly-once pushes; random when `None`.
+    pub client_id: Option<u64>,
+    /// Largest request (or answer) the client builds, in bytes of values.
+    pub max_request_bytes: usize,
+    /// Requests in flight at once across all shards.
+    pub max_in_flight: usize,
+    /// Attempts for a call that fails with `unavailable` (1 = no retry).
+    pub max_attempts: u32,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+    pub connect_timeout: Duration,
+    /// Deadline of each call; none when `None`.
+    pub request_timeout: Option<Duration>,
+    /// How tables travel unless [`PsClient::set_table_codec`] says otherwise: the job's default.
+    pub codec: TableCodec,
+    /// The shard-map epoch requests carry (from the scheduler; 0 = no scheduler). A shard on a
+    /// newer map refuses them with `failed_precondition`: fetch the map and call
+    /// [`PsClient::set_map_epoch`], or give a `map_source` and the client does it.
+    pub map_epoch: u64,
+    /// Where to learn the shard map again when a shard cannot be reached or refuses a request's
+    /// epoch as stale: the client then reconnects to the shards that moved and retries (a push
+    /// keeps its sequence number, so it is still applied once). Workers get the scheduler here.
+    pub map_source: Option<Arc<dyn MapSource>>,
+    /// Emulate a network link of this many megabits per second (each direction) for every
+    /// request to and answer from the shards; see [`Link`]. `None`: the real network only.
+    pub link_mbps: Option<f64>,
+    /// Send plain-f32 dense pushes and pulls over the shards' bulk streams (raw TCP, no HTTP/2
+    /// framing) where a shard offers one; everything else goes through gRPC either way. Off
+    /// with an emulated link, whose emulation is on the gRPC channel.
+    pub bulk: bool,
+}
+
+/// A source of the current shard map (the scheduler, for workers).
+pub trait MapSource: Send + Sync + std::fmt::Debug {
+    /// The map's epoch and every shard's endpoint in index order (an empty string for a shard
+    /// that is not registered now).
+    fn current(&self) -> futures::future::BoxFuture<'_, Result<(u64, Vec<String>), ClientError>>;
+}
+
+impl ClientConfig {
+    pub fn new<I, S>(endpoints: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            client_id: None,
+            max_request_bytes: 4 << 20,
+            max_in_flight: 16,
+            max_attempts: 10,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+            connect_timeout: Duration::from_secs(5),
+            request_timeout: None,
+            codec: TableCodec::default(),
+            map_epoch: 0,
+            map_source: None,
+            link_mbps: None,
+            bulk: true,
+        }
+    }
+}

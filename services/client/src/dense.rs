@@ -1,0 +1,332 @@
+//! Dense tensors: a push cut into its table's chunks, encoded under the table's codec (with
+//! its error-feedback residual) and sent to the owning shards in requests of bounded size;
+//! a pull reassembled in place. Plain f32 goes over a shard's bulk stream where it has one.
+
+use std::ops::Range;
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use ps_core::request::DenseSlice;
+use ps_core::{Payload, TableSpec};
+use ps_proto::v1 as pb;
+
+use crate::bulk;
+use crate::compress::Sender;
+use crate::push::{EncodedSlice, settle, wire_metric};
+use crate::{ClientError, PsClient, PushSummary};
+
+impl PsClient {
+    /// Pushes a gradient for the whole dense tensor `name`.
+    pub async fn push_dense(&self, name: &str, grad: &[f32]) -> Result<PushSummary, ClientError> {
+        let (_, shape) = self.dense_spec(name).await?;
+        if grad.len() as u64 != shape.len() {
+            return Err(ClientError::InvalidInput(format!(
+                "table `{name}` holds {} values (shape {:?}); the gradient has {}",
+                shape.len(),
+                shape.shape,
+                grad.len()
+            )));
+        }
+        self.push_dense_chunks(name, 0, grad).await
+    }
+
+    /// Pushes a gradient for the chunks starting at `first_chunk`; `grad` must cover whole
+    /// chunks (the last chunk of the tensor may be short).
+    pub async fn push_dense_chunks(
+        &self,
+        name: &str,
+        first_chunk: u64,
+        grad: &[f32],
+    ) -> Result<PushSummary, ClientError> {
+        let (spec, shape) = self.dense_spec(name).await?;
+        // The chunks the gradient covers; it must end on a chunk boundary.
+        let mut last = first_chunk;
+        let mut covered = 0usize;
+        while covered < grad.len() {
+            let len = shape.chunk_len(last).ok_or_else(|| {
+                ClientError::InvalidInput(format!(
+                    "chunk {last} is past the end of `{name}` ({} chunks)",
+                    shape.num_chunks()
+                ))
+            })?;
+            covered += len;
+            last += 1;
+        }
+        if covered != grad.len() {
+            return Err(ClientError::InvalidInput(format!(
+                "the gradient ends inside chunk {}: push whole chunks of {} values",
+                last - 1,
+                shape.chunk_elems
+            )));
+        }
+        let base = first_chunk * shape.chunk_elems;
+        let (codec, sender) = self.inner.codecs.get(&spec.name);
+        let plan = self.plan_chunks(
+            &spec,
+            &shape,
+            first_chunk..last,
+            codec.push.codec.max_bytes_per_value(),
+        );
+        // Encode every slice under the table's lock (the residual is shared by this client's
+        // pushes to the table), then send without it.
+        let requests: Vec<(usize, Vec<EncodedSlice>)> = {
+            let mut guard = sender.lock();
+            let Sender { enc, dense, .. } = &mut *guard;
+            let lossy = enc.options().keeps_residual();
+            if lossy {
+                dense
+                    .accumulate_at(shape.len() as usize, base as usize, grad)
+                    .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
+            }
+            let mut requests = Vec::with_capacity(plan.len());
+            for (shard, chunks) in plan {
+                let mut slices = Vec::with_capacity(chunks.len());
+                for c in chunks {
+                    let Some(r) = shape.chunk_range(c) else {
+                        continue;
+                    };
+                    let abs = r.start as usize..r.end as usize;
+                    let e = if lossy {
+                        dense
+                            .take(enc, abs.clone())
+                            .map_err(|e| ClientError::InvalidInput(e.to_string()))?
+                    } else {
+                        let rel = abs.start - base as usize..abs.end - base as usize;
+                        enc.encode(&grad[rel])
+                    };
+                    slices.push((c, abs, e));
+                }
+                requests.push((shard, slices));
+            }
+            requests
+        };
+        let table = spec.name.to_string();
+        let codec_name = codec.push.codec.to_string();
+        // The wire form of each request: its shard, and its slices with whether they are all
+        // plain f32, which travels by the bulk stream where the shard has one.
+        let calls: Vec<(usize, (Vec<pb::DenseSlice>, bool))> = requests
+            .iter()
+            .map(|(shard, slices)| {
+                let slices: Vec<pb::DenseSlice> = slices
+                    .iter()
+                    .map(|(c, _, e)| {
+                        wire_metric("push", &table, &codec_name, e);
+                        pb::DenseSlice {
+                            chunk: *c,
+                            values: Some(Payload::from(e.clone()).into()),
+                        }
+                    })
+                    .collect();
+                let plain = slices
+                    .iter()
+                    .all(|s| s.values.as_ref().is_some_and(ps_proto::bulk::is_plain_f32));
+                (*shard, (slices, plain))
+            })
+            .collect();
+        let results = self
+            .inner
+            .push_each(calls, |mut s, (slices, plain), push_id, map_epoch| {
+                let req = pb::PushDenseRequest {
+                    table: table.clone(),
+                    push_id: Some(push_id),
+                    map_epoch,
+                    slices,
+                };
+                async move {
+                    if plain
+                        && let Some(bulk) = s.bulk()
+                        && let Some(answer) = bulk.push_dense(req.clone()).await?
+                    {
+                        return Ok(answer);
+                    }
+                    s.rediscover_bulk().await;
+                    s.grpc
+                        .push_dense(req)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await;
+        let mut summary = settle(
+            results,
+            |i| requests[i].1.iter().map(|(_, _, e)| e),
+            |i| {
+                let mut guard = sender.lock();
+                if guard.lossy() {
+                    for (_, range, sent) in &requests[i].1 {
+                        let _ = guard.dense.restore(range.clone(), sent);
+                    }
+                }
+            },
+        )?;
+        summary.sent = sent_positions(requests.iter().flat_map(|(_, slices)| slices));
+        Ok(summary)
+    }
+
+    /// Groups `chunks` by owning shard into requests of at most `max_request_bytes` each, for
+    /// values of at most `bytes_per_value` bytes: (shard, chunks of one request).
+    pub(crate) fn plan_chunks(
+        &self,
+        spec: &TableSpec,
+        shape: &ps_core::DenseShape,
+        chunks: Range<u64>,
+        bytes_per_value: f64,
+    ) -> Vec<(usize, Vec<u64>)> {
+        let hash = spec.name.hash64();
+        let max_values =
+            ((self.inner.cfg.max_request_bytes as f64 / bytes_per_value.max(0.01)) as usize).max(1);
+        let n = self.inner.num_shards;
+        // Per shard: requests under construction, and the values in the last one.
+        let mut per_shard: Vec<Vec<Vec<u64>>> = vec![Vec::new(); n];
+        let mut fill = vec![usize::MAX; n];
+        for c in chunks {
+            let len = shape.chunk_len(c).unwrap_or(0);
+            let s = self.inner.partitioner.shard_for_chunk(hash, c) as usize;
+            if fill[s].saturating_add(len) > max_values {
+                per_shard[s].push(Vec::new());
+                fill[s] = 0;
+            }
+            if let Some(r) = per_shard[s].last_mut() {
+                r.push(c);
+            }
+            fill[s] += len;
+        }
+        per_shard
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, reqs)| reqs.into_iter().map(move |r| (s, r)))
+            .collect()
+    }
+
+    /// Pulls the whole dense tensor `name`.
+    pub async fn pull_dense(&self, name: &str) -> Result<Vec<f32>, ClientError> {
+        let (_, shape) = self.dense_spec(name).await?;
+        self.pull_dense_chunks(name, 0..shape.num_chunks()).await
+    }
+
+    /// Pulls chunks `chunks` of dense tensor `name`, concatenated.
+    pub async fn pull_dense_chunks(
+        &self,
+        name: &str,
+        chunks: Range<u64>,
+    ) -> Result<Vec<f32>, ClientError> {
+        let (spec, shape) = self.dense_spec(name).await?;
+        if chunks.end > shape.num_chunks() || chunks.start > chunks.end {
+            return Err(ClientError::InvalidInput(format!(
+                "chunks {chunks:?} are out of range: `{name}` has {} chunks",
+                shape.num_chunks()
+            )));
+        }
+        let total: usize = chunks.clone().filter_map(|c| shape.chunk_len(c)).sum();
+        let state = self.inner.codecs.state_of(&spec.name);
+        if let Some(ratio) = state.codec.pull_delta {
+            return self
+                .pull_dense_delta(&spec, &shape, chunks, ratio, &state.replica)
+                .await;
+        }
+        let accept = state.codec.pull;
+        let bytes_per_value = state.codec.pull_bytes_per_value();
+        let requests = self.plan_chunks(&spec, &shape, chunks.clone(), bytes_per_value);
+        let table = spec.name.to_string();
+        let mut out = vec![0.0f32; total];
+        // Each chunk's place in `out`, handed to the request that pulls it: answers are
+        // decoded (or, by the bulk stream, read) straight into the tensor.
+        let mut places: Vec<Option<&mut [f32]>> = out
+            .chunks_mut(
+                usize::try_from(shape.chunk_elems)
+                    .unwrap_or(usize::MAX)
+                    .max(1),
+            )
+            .map(Some)
+            .collect();
+        let plain = accept == ps_core::Encoding::F32;
+        let pulls = requests.into_iter().map(|(shard, chunks_of)| {
+            let dsts: Vec<bulk::Dst<'_>> = chunks_of
+                .iter()
+                .map(|&c| {
+                    let place = places
+                        .get_mut((c - chunks.start) as usize)
+                        .and_then(Option::take)
+                        .unwrap_or_default();
+                    (c, place)
+                })
+                .collect();
+            let req = pb::PullDenseRequest {
+                table: table.clone(),
+                chunks: chunks_of,
+                accept: ps_core::payload::encoding_to_pb(accept) as i32,
+                map_epoch: 0,
+                delta: None,
+            };
+            let dsts = tokio::sync::Mutex::new(dsts);
+            async move {
+                self.inner
+                    .call_shard(shard, |mut s, map_epoch| {
+                        let req = pb::PullDenseRequest {
+                            map_epoch,
+                            ..req.clone()
+                        };
+                        let dsts = &dsts;
+                        async move {
+                            let mut dsts = dsts.lock().await;
+                            if plain
+                                && let Some(bulk) = s.bulk()
+                                && bulk.pull_dense(&req, &mut dsts).await?.is_some()
+                            {
+                                return Ok(Ok(()));
+                            }
+                            s.rediscover_bulk().await;
+                            let resp = s.grpc.pull_dense(req).await?.into_inner();
+                            Ok(place_slices(resp.slices, &mut dsts))
+                        }
+                    })
+                    .await?
+                    .map_err(ClientError::Protocol)
+            }
+        });
+        stream::iter(pulls)
+            .buffer_unordered(self.inner.cfg.max_in_flight)
+            .try_collect::<Vec<()>>()
+            .await?;
+        Ok(out)
+    }
+}
+
+/// Decodes a pull's answered slices into the places of the chunks asked for, in order.
+fn place_slices(slices: Vec<pb::DenseSlice>, dsts: &mut [bulk::Dst<'_>]) -> Result<(), String> {
+    if slices.len() != dsts.len() {
+        return Err(format!(
+            "{} slices answered for {} chunks",
+            slices.len(),
+            dsts.len()
+        ));
+    }
+    for (slice, (chunk, dst)) in slices.into_iter().zip(dsts.iter_mut()) {
+        let slice = DenseSlice::try_from(slice).map_err(|e| e.to_string())?;
+        if slice.chunk != *chunk || slice.values.len() != dst.len() {
+            return Err(format!(
+                "chunk {} of {} values answered where chunk {chunk} of {} was asked",
+                slice.chunk,
+                slice.values.len(),
+                dst.len()
+            ));
+        }
+        slice
+            .values
+            .decode_into(dst)
+            .map_err(|e| format!("chunk {}: {e}", slice.chunk))?;
+    }
+    Ok(())
+}
+
+/// The tensor positions a push's slices carried, when a sparse codec sent only some of them;
+/// `None` when any slice carried every position of its range.
+fn sent_positions<'a>(slices: impl Iterator<Item = &'a EncodedSlice>) -> Option<Vec<usize>> {
+    let mut sent = Vec::new();
+    for (_, range, e) in slices {
+        // The payload was encoded here; it decodes.
+        let idx = e.indices().ok()??;
+        sent.extend(idx.into_iter().map(|i| range.start + i));
+    }
+    sent.sort_unstable();
+    Some(sent)
+}

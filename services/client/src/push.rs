@@ -1,0 +1,103 @@
+//! What every push shares: its requests fanned out to the shards, each under one sequence
+//! number for all its attempts; the answers summed; a refused request's part given back to
+//! the residual (a request whose fate is unknown keeps it: it may have been applied).
+
+use std::future::Future;
+use std::ops::Range;
+
+use futures::stream::{self, StreamExt};
+use ps_codec::Encoded;
+use ps_proto::v1 as pb;
+
+use crate::transport::{Inner, Shard};
+use crate::{ClientError, PushSummary};
+
+impl Inner {
+    /// Sends a push's requests (`(shard, request)`) concurrently, at most `max_in_flight` at a
+    /// time, each under one push id for every attempt; answers come tagged with the request's
+    /// index, in the order they arrive.
+    pub(crate) async fn push_each<R, F, Fut>(
+        &self,
+        requests: Vec<(usize, R)>,
+        send: F,
+    ) -> Vec<(usize, Result<pb::PushResponse, ClientError>)>
+    where
+        R: Clone,
+        F: Fn(Shard, R, pb::PushId, u64) -> Fut,
+        Fut: Future<Output = Result<pb::PushResponse, tonic::Status>>,
+    {
+        let send = &send;
+        stream::iter(requests.into_iter().enumerate())
+            .map(|(i, (shard, req))| async move {
+                let answer = self
+                    .push(shard, |s, id, epoch| send(s, req.clone(), id, epoch))
+                    .await;
+                (i, answer)
+            })
+            .buffer_unordered(self.cfg.max_in_flight)
+            .collect()
+            .await
+    }
+}
+
+/// Sums the answers of a push's requests (`(request index, answer)`), counting the payloads
+/// of each applied one. A request the shard refused (certainly not applied) goes to `refused`,
+/// which gives its part back to the residual. The first error, if any, is the push's.
+pub(crate) fn settle<'a, P>(
+    results: Vec<(usize, Result<pb::PushResponse, ClientError>)>,
+    payloads: impl Fn(usize) -> P,
+    mut refused: impl FnMut(usize),
+) -> Result<PushSummary, ClientError>
+where
+    P: Iterator<Item = &'a Encoded>,
+{
+    let mut total = PushSummary::default();
+    let mut first_err = None;
+    for (i, r) in results {
+        match r {
+            Ok(a) => {
+                total.add(&a);
+                for e in payloads(i) {
+                    total.add_payload(e);
+                }
+            }
+            Err(e) => {
+                if not_applied(&e) {
+                    refused(i);
+                }
+                first_err.get_or_insert(e);
+            }
+        }
+    }
+    match first_err {
+        Some(e) => Err(e),
+        None => Ok(total),
+    }
+}
+
+/// Whether a failed push was certainly not applied: the shard refused it. (After a transport
+/// failure or a deadline it may have been.)
+fn not_applied(e: &ClientError) -> bool {
+    use tonic::Code;
+    match e {
+        ClientError::Status { code, .. } => !matches!(
+            code,
+            Code::Unavailable | Code::Unknown | Code::DeadlineExceeded | Code::Cancelled
+        ),
+        _ => true,
+    }
+}
+
+/// One encoded dense slice: its chunk, its range in the tensor, its payload.
+pub(crate) type EncodedSlice = (u64, Range<usize>, Encoded);
+
+/// Counts a payload this client sent, by table and codec.
+pub(crate) fn wire_metric(direction: &'static str, table: &str, codec: &str, e: &Encoded) {
+    let labels = [
+        ("direction", direction.to_owned()),
+        ("table", table.to_owned()),
+        ("codec", codec.to_owned()),
+    ];
+    metrics::counter!("ps_client_wire_bytes_total", &labels).increment(e.data.len() as u64);
+    metrics::counter!("ps_client_raw_bytes_total", &labels).increment(e.header.num_values * 4);
+}

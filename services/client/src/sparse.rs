@@ -1,0 +1,174 @@
+//! Sparse rows: ids grouped by their owning shard (the consistent-hash ring), in requests of
+//! bounded size, with per-row error feedback for lossy codecs; pulls reassembled in request
+//! order.
+
+use futures::stream::{self, StreamExt, TryStreamExt};
+use ps_codec::{Encoded, RowErrorFeedback};
+use ps_core::{Payload, TableSpec};
+use ps_proto::v1 as pb;
+
+use crate::compress::Sender;
+use crate::push::{settle, wire_metric};
+use crate::{ClientError, PsClient, PushSummary};
+
+impl PsClient {
+    /// Pushes gradients for rows `ids` of sparse table `name`: `grads` holds `ids.len() * dim`
+    /// values, row after row. Duplicate ids are summed by the shard.
+    pub async fn push_sparse(
+        &self,
+        name: &str,
+        ids: &[u64],
+        grads: &[f32],
+    ) -> Result<PushSummary, ClientError> {
+        let (spec, dim) = self.sparse_dim(name).await?;
+        if grads.len() != ids.len() * dim {
+            return Err(ClientError::InvalidInput(format!(
+                "{} ids of dim {dim} need {} gradient values; got {}",
+                ids.len(),
+                ids.len() * dim,
+                grads.len()
+            )));
+        }
+        let (codec, sender) = self.inner.codecs.get(&spec.name);
+        let groups = self.group_ids(&spec, ids, dim, codec.push.codec.max_bytes_per_value());
+        // Encode every request under the table's lock, with per-row error feedback.
+        let requests: Vec<(usize, Vec<u64>, Encoded)> = {
+            let mut guard = sender.lock();
+            let Sender { enc, rows, .. } = &mut *guard;
+            let lossy = enc.options().keeps_residual();
+            let rows = rows.get_or_insert_with(|| RowErrorFeedback::new(dim));
+            let mut out = Vec::with_capacity(groups.len());
+            for (shard, positions) in groups {
+                let ids: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();
+                let mut values = Vec::with_capacity(positions.len() * dim);
+                for &p in &positions {
+                    values.extend_from_slice(&grads[p * dim..(p + 1) * dim]);
+                }
+                let e = if lossy {
+                    rows.compress(enc, &ids, &values)
+                        .map_err(|e| ClientError::InvalidInput(e.to_string()))?
+                } else {
+                    enc.encode(&values)
+                };
+                out.push((shard, ids, e));
+            }
+            out
+        };
+        let table = spec.name.to_string();
+        let codec_name = codec.push.codec.to_string();
+        let calls: Vec<(usize, (Vec<u64>, pb::Payload))> = requests
+            .iter()
+            .map(|(shard, ids, e)| {
+                wire_metric("push", &table, &codec_name, e);
+                (*shard, (ids.clone(), Payload::from(e.clone()).into()))
+            })
+            .collect();
+        let results = self
+            .inner
+            .push_each(calls, |mut s, (ids, values), push_id, map_epoch| {
+                let req = pb::PushSparseRequest {
+                    table: table.clone(),
+                    push_id: Some(push_id),
+                    map_epoch,
+                    ids,
+                    values: Some(values),
+                };
+                async move {
+                    s.grpc
+                        .push_sparse(req)
+                        .await
+                        .map(tonic::Response::into_inner)
+                }
+            })
+            .await;
+        settle(
+            results,
+            |i| std::iter::once(&requests[i].2),
+            |i| {
+                let mut guard = sender.lock();
+                let lossy = guard.lossy();
+                if lossy && let Some(rows) = guard.rows.as_mut() {
+                    let (_, ids, sent) = &requests[i];
+                    let _ = rows.restore(ids, sent);
+                }
+            },
+        )
+    }
+
+    /// Pulls rows `ids` of sparse table `name`: `ids.len() * dim` values, row after row.
+    pub async fn pull_sparse(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
+        let (spec, dim) = self.sparse_dim(name).await?;
+        let codec = self.inner.codecs.get(&spec.name).0;
+        let accept = codec.pull;
+        let bytes_per_value = codec.pull_bytes_per_value();
+        let groups = self.group_ids(&spec, ids, dim, bytes_per_value);
+        let table = spec.name.to_string();
+        let mut out = vec![0.0f32; ids.len() * dim];
+        let mut answers = stream::iter(groups.into_iter().map(|(shard, positions)| {
+            let req = pb::PullSparseRequest {
+                table: table.clone(),
+                ids: positions.iter().map(|&p| ids[p]).collect(),
+                accept: ps_core::payload::encoding_to_pb(accept) as i32,
+                map_epoch: 0,
+            };
+            let call = self.inner.call(shard, move |mut c, map_epoch| {
+                let req = pb::PullSparseRequest {
+                    map_epoch,
+                    ..req.clone()
+                };
+                async move { c.pull_sparse(req).await }
+            });
+            async move { call.await.map(|r| (positions, r)) }
+        }))
+        .buffer_unordered(self.inner.cfg.max_in_flight);
+        while let Some((positions, resp)) = answers.try_next().await? {
+            let values = resp
+                .values
+                .ok_or_else(|| ClientError::Protocol("PullSparse answered without values".into()))
+                .and_then(|v| {
+                    Payload::try_from(v).map_err(|e| ClientError::Protocol(e.to_string()))
+                })?;
+            if values.len() != positions.len() * dim {
+                return Err(ClientError::Protocol(format!(
+                    "asked for {} rows of dim {dim}, got {} values",
+                    positions.len(),
+                    values.len()
+                )));
+            }
+            let rows = values
+                .to_vec()
+                .map_err(|e| ClientError::Protocol(e.to_string()))?;
+            for (&p, row) in positions.iter().zip(rows.chunks_exact(dim)) {
+                out[p * dim..(p + 1) * dim].copy_from_slice(row);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Groups positions of `ids` by owning shard, in requests of bounded size.
+    fn group_ids(
+        &self,
+        spec: &TableSpec,
+        ids: &[u64],
+        dim: usize,
+        bytes_per_value: f64,
+    ) -> Vec<(usize, Vec<usize>)> {
+        let hash = spec.name.hash64();
+        let n = self.inner.num_shards;
+        let row_bytes = dim as f64 * bytes_per_value.max(0.01) + 8.0;
+        let per_request = ((self.inner.cfg.max_request_bytes as f64 / row_bytes) as usize).max(1);
+        let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); n];
+        for (p, &id) in ids.iter().enumerate() {
+            by_shard[self.inner.partitioner.shard_for_id(hash, id) as usize].push(p);
+        }
+        by_shard
+            .into_iter()
+            .enumerate()
+            .flat_map(|(s, pos)| {
+                pos.chunks(per_request)
+                    .map(|c| (s, c.to_vec()))
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    }
+}
