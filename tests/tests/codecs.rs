@@ -408,11 +408,17 @@ async fn a_push_ratio_moved_while_training_keeps_the_residual() {
         for (a, b) in total.iter_mut().zip(&g) {
             *a += f64::from(*b);
         }
-        ps.push_dense("w", &g).await.unwrap();
+        let summary = ps.push_dense("w", &g).await.unwrap();
         let after = ps.pull_dense("w").await.unwrap();
-        let changed = before.iter().zip(&after).filter(|(a, b)| a != b).count();
+        let changed: Vec<usize> = (0..4000).filter(|&i| before[i] != after[i]).collect();
         // Top-k works per chunk of 1,000 values.
-        assert_eq!(changed, 4 * Codec::entries(ratio, 1000), "ratio {ratio}");
+        assert_eq!(
+            changed.len(),
+            4 * Codec::entries(ratio, 1000),
+            "ratio {ratio}"
+        );
+        // The client says which positions it sent: exactly those the shards changed.
+        assert_eq!(summary.sent.as_deref(), Some(changed.as_slice()));
         before = after;
     }
     let owed = ps.dense_residual("w").unwrap();
@@ -433,6 +439,8 @@ async fn a_push_ratio_moved_while_training_keeps_the_residual() {
     ps.create_table(dense_sgd("dense", &[10], lr))
         .await
         .unwrap();
+    let summary = ps.push_dense("dense", &[1.0; 10]).await.unwrap();
+    assert_eq!(summary.sent, None, "a dense codec sends every position");
     let e = ps.set_push_ratio("dense", 0.1).unwrap_err();
     assert!(e.to_string().contains("no ratio"), "{e}");
     assert_eq!(ps.table_codec("dense").unwrap().push.codec, Codec::F32);

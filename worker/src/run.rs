@@ -27,7 +27,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::Backend;
 use crate::model::Net;
-use crate::train::Summary;
+
+/// What a worker did: its totals, kept by its run directory from the records it writes.
+#[derive(Debug, Clone, Default)]
+pub struct Summary {
+    pub clocks: u64,
+    pub examples: u64,
+    pub wire_bytes: u64,
+    pub raw_bytes: u64,
+    pub dense_pulls: u64,
+    pub final_eval: Option<EvalRecord>,
+}
 
 /// One clock of one worker.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,12 +97,13 @@ pub struct FinalRecord {
     pub dense_pulls: u64,
 }
 
-/// Writes a run directory (or nothing, without one).
+/// Writes a run directory (or nothing, without one), and keeps the worker's totals.
 #[derive(Debug)]
 pub struct RunDir {
     dir: Option<PathBuf>,
     steps: Option<BufWriter<File>>,
     evals: Option<BufWriter<File>>,
+    summary: Summary,
 }
 
 fn create(path: &Path) -> anyhow::Result<BufWriter<File>> {
@@ -108,6 +119,7 @@ impl RunDir {
                 dir: None,
                 steps: None,
                 evals: None,
+                summary: Summary::default(),
             });
         };
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
@@ -117,10 +129,33 @@ impl RunDir {
             evals: evaluator
                 .then(|| create(&dir.join("eval.jsonl")))
                 .transpose()?,
+            summary: Summary::default(),
         })
     }
 
+    /// The worker's totals so far.
+    pub fn summary(&self) -> &Summary {
+        &self.summary
+    }
+
+    /// The worker's totals, with the final evaluation, once it is done.
+    pub fn into_summary(mut self, final_eval: Option<EvalRecord>) -> Summary {
+        self.summary.final_eval = final_eval;
+        self.summary
+    }
+
+    /// Counts a pull of the dense tables.
+    pub fn dense_pull(&mut self) {
+        self.summary.dense_pulls += 1;
+    }
+
+    /// Records one clock (and adds it to the totals).
     pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
+        let s = &mut self.summary;
+        s.clocks += 1;
+        s.examples += r.examples as u64;
+        s.wire_bytes += r.wire_bytes;
+        s.raw_bytes += r.raw_bytes;
         if let Some(w) = &mut self.steps {
             serde_json::to_writer(&mut *w, r)?;
             w.write_all(b"\n")?;
@@ -151,7 +186,6 @@ impl RunDir {
     pub async fn finish<B: Backend + Clone>(
         &mut self,
         eval: &EvalRecord,
-        summary: &Summary,
         ps: &PsClient,
         net: &Net<B>,
         spec: &JobSpec,
@@ -160,6 +194,7 @@ impl RunDir {
         let Some(dir) = self.dir.clone() else {
             return Ok(());
         };
+        let summary = &self.summary;
         let clocks = summary.clocks.max(1) as f64;
         let fin = FinalRecord {
             job: spec.name.clone(),
