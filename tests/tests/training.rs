@@ -236,3 +236,78 @@ async fn a_step_size_schedule_is_refused_for_adagrad() {
     let err = format!("{:#}", ps_cli::local::run(&args).await.unwrap_err());
     assert!(err.contains("only for sgd and momentum tables"), "{err}");
 }
+
+/// A job file trains the tables it declares: its shared settings ([model_tables]) and a
+/// table set by name reach the shards (fp16 pushes show as half the f32 bytes on the wire);
+/// a job file naming a table the model does not train is refused before anything starts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_file_trains_what_it_declares() {
+    let dir = tempfile::tempdir().unwrap();
+    let job = dir.path().join("job.toml");
+    // 256 inputs and 4 classes: a weight table of 1,024 values, the smallest a codec encodes.
+    let head = "name = \"jf\"\nconsistency = \"bsp\"\nnum_shards = 2\nnum_workers = 2\n\
+                dataset = \"synthetic-dense:4000:256:4\"\nmodel = \"softmax\"\nglobal_batch = 64\n";
+    std::fs::write(
+        &job,
+        format!(
+            "{head}[model_tables]\noptimizer = \"momentum\"\nlearning_rate = 0.1\ncodec = \"fp16\"\n\
+             [[tables]]\nname = \"jf/b0\"\nshape = [4]\noptimizer = \"adam\"\nlearning_rate = 0.01\n"
+        ),
+    )
+    .unwrap();
+    let args = local(
+        &["--job", job.to_str().unwrap(), "--epochs", "2"],
+        dir.path(),
+    );
+    let o = ps_cli::local::run(&args).await.unwrap();
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(o.run_dir.join("job.json")).unwrap()).unwrap();
+    let tables: Vec<(&str, &str)> = spec["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["spec"]["name"].as_str().unwrap(),
+                t["spec"]["optimizer"]
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .next()
+                    .unwrap()
+                    .as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(tables, [("jf/b0", "Adam"), ("jf/w0", "Momentum")]);
+    let codecs: Vec<String> = spec["tables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            serde_json::from_value::<ps_codec::Codec>(t["codec"].clone())
+                .unwrap()
+                .to_string()
+        })
+        .collect();
+    assert_eq!(codecs, ["f32", "fp16"]);
+    // w0 (fp16, then lz4 where it pays) is 1,024 of the 1,028 values pushed per clock; b0
+    // (f32) the rest: at most about half the f32 bytes went on the wire.
+    let bound = (1024.0 * 2.0 + 4.0 * 4.0) / (1028.0 * 4.0);
+    let ratio = o.result.wire_bytes_per_step / o.result.raw_bytes_per_step;
+    assert!(ratio <= bound, "wire/raw {ratio}, fp16 allows {bound}");
+    assert!(o.result.eval.test_accuracy > 0.6, "{:?}", o.result.eval);
+
+    std::fs::write(
+        &job,
+        format!("{head}[[tables]]\nname = \"softmax/w\"\nshape = [257, 4]\n"),
+    )
+    .unwrap();
+    let args = local(&["--job", job.to_str().unwrap()], dir.path());
+    let err = format!("{:#}", ps_cli::local::run(&args).await.unwrap_err());
+    assert!(
+        err.contains("`softmax/w` is not one model `softmax` trains")
+            && err.contains("`jf/w0` (dense [256, 4])"),
+        "{err}"
+    );
+}

@@ -80,4 +80,63 @@ optimizer = "adam"
             .to_string();
         assert!(e.contains("dense inputs"), "{e}");
     }
+
+    /// The example job file trains what it declares: the model's tables, with its shared
+    /// optimizer and codec.
+    #[test]
+    fn the_example_job_file_declares_the_tables_it_trains() {
+        let spec = job_from_toml(include_str!("../../scheduler/jobs/fashion-mnist.toml")).unwrap();
+        let names: Vec<&str> = spec.tables.iter().map(|t| t.spec.name.as_str()).collect();
+        let model = model_tables(&spec).unwrap();
+        let trained: Vec<&str> = model.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(names, trained);
+        assert_eq!(names, ["fmnist/w0", "fmnist/b0"]);
+        for t in &spec.tables {
+            assert!(
+                matches!(t.spec.optimizer, Optimizer::Momentum { learning_rate, momentum, .. } if learning_rate == 0.1 && momentum == 0.9),
+                "{:?}",
+                t.spec.optimizer
+            );
+            assert_eq!(t.codec.to_string(), "fp16");
+        }
+    }
+
+    /// A table the model does not train, or one of another shape, is refused, naming the
+    /// model's tables.
+    #[test]
+    fn a_table_the_model_does_not_train_is_refused() {
+        let head = "name = \"fm\"\nconsistency = \"bsp\"\nnum_shards = 1\nnum_workers = 1\n\
+                    dataset = \"fashion-mnist\"\nmodel = \"softmax\"\n";
+        let cases = [
+            (
+                "[[tables]]\nname = \"softmax/w\"\nshape = [785, 10]\n",
+                "is not one model `softmax` trains",
+            ),
+            (
+                "[[tables]]\nname = \"fm/w0\"\nshape = [785, 10]\n",
+                "declared dense [785, 10], but model `softmax` trains it as dense [784, 10]",
+            ),
+            (
+                "[[tables]]\nname = \"fm/b0\"\ndim = 10\n",
+                "but model `softmax` trains it as dense [10]",
+            ),
+        ];
+        for (tables, want) in cases {
+            let e = job_from_toml(&format!("{head}{tables}")).unwrap_err();
+            assert!(e.reason.contains(want), "{tables}: {e}");
+            assert!(
+                e.reason.contains("`fm/w0` (dense [784, 10])") || !want.contains("trains,"),
+                "{e}"
+            );
+        }
+        // A table of the model by its own name, with its own settings, is fine.
+        let spec = job_from_toml(&format!(
+            "{head}[[tables]]\nname = \"fm/b0\"\nshape = [10]\noptimizer = \"adam\"\n"
+        ))
+        .unwrap();
+        assert!(matches!(
+            spec.table("fm/b0").unwrap().spec.optimizer,
+            Optimizer::Adam { .. }
+        ));
+    }
 }

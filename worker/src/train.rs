@@ -52,7 +52,25 @@ fn check_tables<B: Backend + Clone>(
     net: &Net<B>,
     schedule: LrSchedule,
 ) -> anyhow::Result<()> {
-    for (t, _) in net.dense_tables().iter().chain(net.sparse_tables()) {
+    let trained = || net.dense_tables().iter().chain(net.sparse_tables());
+    if let Some(extra) = spec
+        .tables
+        .iter()
+        .find(|t| trained().all(|(name, _)| name != t.spec.name.as_str()))
+    {
+        bail!(
+            "job `{}` lists table `{}`, which model `{}` does not train (it trains {}): the job's \
+             tables must be the model's",
+            spec.name,
+            extra.spec.name,
+            spec.model,
+            trained()
+                .map(|(t, _)| format!("`{t}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for (t, _) in trained() {
         let Some(table) = spec.table(t) else {
             bail!(
                 "job `{}` has no table `{t}`, which model `{}` needs: submit the job with the \

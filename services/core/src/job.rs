@@ -9,7 +9,7 @@ use ps_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
 use crate::ValidationError;
-use crate::table::{Initializer, NonFinitePolicy, Optimizer, TableSpec};
+use crate::table::{Initializer, NonFinitePolicy, Optimizer, TableKind, TableSpec};
 
 /// How far apart the workers' clocks may drift. BSP and ASP are SSP with a bound of 0 and of
 /// infinity: [`Consistency::bound`] is the one number the policy uses.
@@ -172,6 +172,10 @@ impl JobSpec {
     /// with its initializer and default optimizer) that `tables` does not list. A
     /// `[model_tables]` section sets what those tables share: its optimizer settings (when it
     /// names any) replace the model's defaults; its codec and non-finite policy apply.
+    ///
+    /// A job that names a model trains exactly the model's tables: a listed table the model
+    /// does not train, or one of another kind or shape than the model's, is refused with the
+    /// model's tables in the message (a table nobody pushes would silently never train).
     pub fn from_toml_for_model(
         text: &str,
         model_tables: impl FnOnce(&JobSpec) -> Result<Vec<TableSpec>, ValidationError>,
@@ -180,7 +184,11 @@ impl JobSpec {
             toml::from_str(text).map_err(|e| ValidationError::new("toml", e.to_string()))?;
         let shared = t.model_tables.take();
         let mut spec = t.into_spec()?;
-        for table in model_tables(&spec)? {
+        let wanted = model_tables(&spec)?;
+        if !spec.model.is_empty() {
+            check_model_tables(&spec, &wanted)?;
+        }
+        for table in wanted {
             if spec.table(table.name.as_str()).is_some() {
                 continue;
             }
@@ -206,6 +214,59 @@ impl JobSpec {
     pub fn table(&self, name: &str) -> Option<&JobTable> {
         self.tables.iter().find(|t| t.spec.name.as_str() == name)
     }
+}
+
+/// A table's kind and shape in words: `dense [784, 10]`, `sparse dim 8`.
+fn kind_text(kind: &TableKind) -> String {
+    match kind {
+        TableKind::Dense(d) => format!("dense {:?}", d.shape),
+        TableKind::Sparse { dim } => format!("sparse dim {dim}"),
+    }
+}
+
+/// Checks that every table `spec` lists is one of `model`'s, of the same kind and shape.
+fn check_model_tables(spec: &JobSpec, model: &[TableSpec]) -> Result<(), ValidationError> {
+    let trained = || {
+        model
+            .iter()
+            .map(|t| format!("`{}` ({})", t.name, kind_text(&t.kind)))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (i, listed) in spec.tables.iter().enumerate() {
+        let field = format!("tables[{i}]");
+        let Some(m) = model.iter().find(|m| m.name == listed.spec.name) else {
+            return Err(ValidationError::new(
+                field,
+                format!(
+                    "table `{}` is not one model `{}` trains, so nothing would ever push it; the \
+                     model trains {}: list those (by these names) or set what they share in \
+                     [model_tables]",
+                    listed.spec.name,
+                    spec.model,
+                    trained()
+                ),
+            ));
+        };
+        let same = match (&listed.spec.kind, &m.kind) {
+            (TableKind::Dense(a), TableKind::Dense(b)) => a.shape == b.shape,
+            (TableKind::Sparse { dim: a }, TableKind::Sparse { dim: b }) => a == b,
+            _ => false,
+        };
+        if !same {
+            return Err(ValidationError::new(
+                field,
+                format!(
+                    "table `{}` is declared {}, but model `{}` trains it as {}",
+                    listed.spec.name,
+                    kind_text(&listed.spec.kind),
+                    spec.model,
+                    kind_text(&m.kind)
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------
