@@ -246,7 +246,6 @@ mod tests {
             let mut members: Vec<WorkerId> = Vec::new();
             let mut running: HashMap<WorkerId, u64> = HashMap::new();
             let mut next = 1;
-            let mut started = 0;
             for op in ops {
                 match op {
                     Op::Join => {
@@ -258,13 +257,21 @@ mod tests {
                     Op::Start(i) => {
                         let Some(&w) = members.get(i) else { continue };
                         if running.contains_key(&w) || !clocks.contains(w) { continue }
+                        let c = clocks.clock(w).unwrap();
                         if clocks.may_start(w) {
-                            let c = clocks.clock(w).unwrap();
                             if let Some(b) = clocks.barrier() {
                                 prop_assert!(c < b);
                             }
                             running.insert(w, c);
-                            started += 1;
+                        } else {
+                            // Held only for a cause: the barrier, or the slowest live worker
+                            // more than s clocks behind.
+                            let barrier = clocks.barrier().is_some_and(|b| c >= b);
+                            let behind = match (bound, clocks.iter().map(|(_, c)| c).min()) {
+                                (Some(s), Some(min)) => c > min + s,
+                                _ => false,
+                            };
+                            prop_assert!(barrier || behind, "worker {w} at clock {c} held without cause");
                         }
                     }
                     Op::Finish(i) => {
@@ -293,7 +300,6 @@ mod tests {
                     prop_assert!(max - min <= s + 1, "spread {} > s + 1", max - min);
                 }
             }
-            let _ = started;
         }
 
         /// The slowest worker is never held (no deadlock): with no barrier it may always start.

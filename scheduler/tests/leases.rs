@@ -47,10 +47,26 @@ async fn an_expired_worker_is_removed_and_a_late_joiner_is_served() {
         "{e}"
     );
 
-    // A late joiner starts at the minimum clock and takes a part back.
+    // `a`, alone now, reports three clocks; a late joiner starts at the minimum clock, 3
+    // (not at 0, where everyone started), and takes a part back.
+    for finished in 0..3 {
+        let report = ps_scheduler::state::ClockReport {
+            finished: Some(finished),
+            ..Default::default()
+        };
+        s.advance(
+            "leases",
+            a.worker_id,
+            report,
+            Some(Duration::from_millis(10)),
+        )
+        .await
+        .unwrap();
+    }
     let (c, _) = s.join("leases", "c", 0).unwrap();
-    assert_eq!(c.clock, a.clock);
+    assert_eq!((a.clock, c.clock), (0, 3));
     assert_eq!(c.assignment.data_shards.len(), 1);
+    assert_eq!(live(&s)[0].2.len(), 1, "a gave one of its two parts to c");
     // `b` may come back under its old id.
     let (b2, _) = s.join("leases", "b", b.worker_id).unwrap();
     assert_eq!(b2.worker_id, b.worker_id);

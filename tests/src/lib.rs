@@ -1,6 +1,11 @@
-//! Helpers for cross-service tests: real shards on 127.0.0.1 with real RocksDB directories.
+//! Helpers for cross-service tests: real shards on 127.0.0.1 with real RocksDB directories,
+//! in-process ([`TestCluster`]) or as child processes ([`shard_process`],
+//! [`scheduler_process`], through the one launcher `ps_launch`).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use ps_launch::{Service, binary};
 
 use ps_client::{ClientConfig, PsClient};
 use ps_server::ServerConfig;
@@ -73,4 +78,51 @@ impl TestCluster {
                 .expect("server stopped cleanly");
         }
     }
+}
+
+/// How long a child service may take to become ready.
+const READY: Duration = Duration::from_secs(60);
+
+/// Starts a `ps-server` child (its data in `data`, its log in `logs/` beside it) registered
+/// with `scheduler`, and waits until it serves.
+pub async fn shard_process(data: &Path, index: u32, n: u32, scheduler: &str) -> Service {
+    let args: Vec<String> = [
+        "--data-dir",
+        &data.display().to_string(),
+        "--listen",
+        "127.0.0.1:0",
+        "--shard-index",
+        &index.to_string(),
+        "--num-shards",
+        &n.to_string(),
+        "--scheduler",
+        scheduler,
+    ]
+    .map(str::to_owned)
+    .into();
+    let logs = data.parent().expect("a data dir in a folder").join("logs");
+    let bin = binary("ps-server").expect("the ps-server binary");
+    let mut s = Service::spawn(&bin, &format!("shard-{index}"), &args, &logs, true)
+        .expect("ps-server starts");
+    s.ready(READY).await.expect("ps-server ready");
+    s
+}
+
+/// Starts a `scheduler` child on `listen` (its state in `data`, its log in `logs/` beside it)
+/// with `extra` flags; returns it and its URL once it serves.
+pub async fn scheduler_process(data: &Path, listen: &str, extra: &[&str]) -> (Service, String) {
+    let mut args: Vec<String> = [
+        "--data-dir",
+        &data.display().to_string(),
+        "--listen",
+        listen,
+    ]
+    .map(str::to_owned)
+    .into();
+    args.extend(extra.iter().map(|a| a.to_string()));
+    let logs = data.parent().expect("a data dir in a folder").join("logs");
+    let bin = binary("scheduler").expect("the scheduler binary");
+    let mut s = Service::spawn(&bin, "scheduler", &args, &logs, true).expect("scheduler starts");
+    let url = s.ready(READY).await.expect("scheduler ready").url();
+    (s, url)
 }

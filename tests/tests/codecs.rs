@@ -215,34 +215,40 @@ async fn malformed_payloads_change_nothing() {
         0,
     )
     .encode(&gradient(1000, 3));
-    // Corruptions, each with words the error must carry.
-    let mut cases: Vec<(pb::Payload, &str)> = Vec::new();
+    const INVALID: &str = "INVALID_FIELD";
+    const UNDECODABLE: &str = "UNDECODABLE_PAYLOAD";
+    const VALUES: &str = "slices[1].values";
+    const DATA: &str = "slices[1].values.data";
+    // Corruptions, one row each: the ErrorInfo reason, the field it names, and words of the
+    // message. A header that cannot hold its data is refused when the request is read
+    // (INVALID_FIELD); data that does not decode as its header says, when it is decoded.
+    let mut cases: Vec<(pb::Payload, &str, &str, &str)> = Vec::new();
     let mut p: pb::Payload = Payload::from(topk.clone()).into();
     let mut data = p.data.to_vec();
     // The last gap becomes two bytes of large value: it jumps past the end.
     data.pop();
     data.extend([0xff, 0x7f]);
     p.data = data.into();
-    cases.push((p, "out of range"));
+    cases.push((p, UNDECODABLE, VALUES, "out of range"));
     let mut p: pb::Payload = Payload::from(topk.clone()).into();
     p.num_entries += 1;
-    cases.push((p, "")); // the header or the layout disagrees, depending on the varints
+    cases.push((p, INVALID, DATA, "11 sparse_f32 entries need"));
     let int8 = Encoder::new(plain(Codec::Int8 { block: 100 }), 0).encode(&gradient(1000, 4));
     let mut p: pb::Payload = Payload::from(int8.clone()).into();
     let mut data = p.data.to_vec();
     data[..4].copy_from_slice(&(-2.0f32).to_le_bytes());
     p.data = data.into();
-    cases.push((p, "never negative"));
+    cases.push((p, UNDECODABLE, VALUES, "never negative"));
     let mut p: pb::Payload = Payload::from(int8).into();
     p.block_size = 99;
-    cases.push((p, "need"));
+    cases.push((p, INVALID, DATA, "1000 int8 values need 1044 bytes"));
     let mut p: pb::Payload = good.clone().into();
     p.compression = pb::Compression::Lz4 as i32;
     p.raw_len = 4000;
-    cases.push((p, "lz4"));
+    cases.push((p, UNDECODABLE, VALUES, "lz4"));
     let mut p: pb::Payload = good.clone().into();
     p.encoding = 42;
-    cases.push((p, "unknown encoding"));
+    cases.push((p, INVALID, "slices[1].values.encoding", "unknown encoding"));
     let mut p: pb::Payload = Payload::from(
         Encoder::new(
             plain(Codec::Qsgd {
@@ -255,8 +261,8 @@ async fn malformed_payloads_change_nothing() {
     )
     .into();
     p.levels = 0;
-    cases.push((p, "levels 0"));
-    for (i, (bad, words)) in cases.into_iter().enumerate() {
+    cases.push((p, INVALID, DATA, "levels 0"));
+    for (i, (bad, reason, field, words)) in cases.into_iter().enumerate() {
         let status = raw
             .push_dense(pb::PushDenseRequest {
                 table: "w".into(),
@@ -279,6 +285,13 @@ async fn malformed_payloads_change_nothing() {
             status.code(),
             tonic::Code::InvalidArgument,
             "case {i}: {status:?}"
+        );
+        let info = tonic_types::StatusExt::get_details_error_info(&status).expect("error details");
+        assert_eq!(
+            (info.reason.as_str(), info.metadata["field"].as_str()),
+            (reason, field),
+            "case {i}: {}",
+            status.message()
         );
         assert!(
             status.message().contains(words),

@@ -77,3 +77,25 @@ pub(crate) fn reason_of(s: &tonic::Status) -> Option<String> {
         .filter(|i| i.domain == ps_core::wire::ERROR_DOMAIN)
         .map(|i| i.reason)
 }
+
+/// Whether a call may succeed if sent again: the shard said `unavailable`, or the connection
+/// failed under the call (tonic reports that as `unknown` with a transport error as its source,
+/// or as `cancelled` when the shard's process died while the request was in flight: this
+/// client still awaits the call, so nobody on its side cancelled it). Retrying a push is safe
+/// either way: it carries the same (client id, seq).
+pub(crate) fn is_transient(s: &tonic::Status) -> bool {
+    match s.code() {
+        tonic::Code::Unavailable | tonic::Code::Cancelled => true,
+        tonic::Code::Unknown => {
+            let mut source = std::error::Error::source(s);
+            while let Some(e) = source {
+                if e.is::<tonic::transport::Error>() || e.to_string().contains("connection") {
+                    return true;
+                }
+                source = e.source();
+            }
+            s.message() == "transport error"
+        }
+        _ => false,
+    }
+}

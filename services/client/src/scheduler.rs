@@ -81,8 +81,9 @@ impl SchedulerClient {
         })
     }
 
-    /// Retries calls answered `unavailable` up to `attempts` times with backoff (workers ride
-    /// out a scheduler restart this way; `psctl` does not wait).
+    /// Retries calls that fail transiently (`unavailable`, or cut by a lost connection) up to
+    /// `attempts` times with backoff (workers ride out a scheduler restart this way; `psctl`
+    /// does not wait).
     #[must_use]
     pub fn with_retries(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
@@ -103,7 +104,10 @@ impl SchedulerClient {
         loop {
             match f(self.raw.clone()).await {
                 Ok(r) => return Ok(r.into_inner()),
-                Err(s) if s.code() == tonic::Code::Unavailable && attempt < self.max_attempts => {
+                // A scheduler restarting: refused connections, and calls cut mid-way (a long
+                // poll cut by a crash comes back `unknown` or `cancelled`). Retrying is safe:
+                // a repeated clock report is recognised as one.
+                Err(s) if crate::error::is_transient(&s) && attempt < self.max_attempts => {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                     attempt += 1;

@@ -17,7 +17,7 @@ use tonic::transport::Endpoint;
 
 use crate::bulk::BulkPool;
 use crate::compress::Codecs;
-use crate::error::{self, ClientError};
+use crate::error::{self, ClientError, is_transient};
 use crate::link::{Link, LinkChannel};
 use crate::seq::SeqTracker;
 use crate::{ClientConfig, ShardInfo};
@@ -64,28 +64,6 @@ impl Shard {
         {
             b.set_port(u16::try_from(info.into_inner().bulk_port).unwrap_or(0));
         }
-    }
-}
-
-/// Whether a call may succeed if sent again: the shard said `unavailable`, or the connection
-/// failed under the call (tonic reports that as `unknown` with a transport error as its source,
-/// or as `cancelled` when the shard's process died while the request was in flight: this
-/// client still awaits the call, so nobody on its side cancelled it). Retrying a push is safe
-/// either way: it carries the same (client id, seq).
-fn is_transient(s: &tonic::Status) -> bool {
-    match s.code() {
-        tonic::Code::Unavailable | tonic::Code::Cancelled => true,
-        tonic::Code::Unknown => {
-            let mut source = std::error::Error::source(s);
-            while let Some(e) = source {
-                if e.is::<tonic::transport::Error>() || e.to_string().contains("connection") {
-                    return true;
-                }
-                source = e.source();
-            }
-            s.message() == "transport error"
-        }
-        _ => false,
     }
 }
 

@@ -1,0 +1,229 @@
+//! The `scheduler` binary as a real child process: kill -9 mid-job and a restart on its data
+//! dir lose no job, checkpoint or map, while workers (SDK sessions) ride the restart out; a
+//! SIGTERM answers held long polls at once and exits 0; `psctl`'s exit codes say what went
+//! wrong, for scripts.
+//!
+//! Needs the workspace's binaries (`cargo build --release` puts them next to the test).
+
+use std::process::Command;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use ps_client::ClientConfig;
+use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
+use ps_core::JobSpec;
+use ps_core::status::JobState;
+use ps_tests::{scheduler_process, shard_process};
+
+fn job(name: &str, workers: u32) -> JobSpec {
+    JobSpec::from_toml(&format!(
+        "name = \"{name}\"\nconsistency = \"bsp\"\nnum_shards = 1\nnum_workers = {workers}\n\
+         lease_ms = 3000\n\n[[tables]]\nname = \"{name}/progress\"\nshape = [{workers}]\n\
+         optimizer = \"sgd\"\nlearning_rate = 1.0\n"
+    ))
+    .unwrap()
+}
+
+/// A worker that pushes +1 at its index every clock until `stop` or the job ends; returns the
+/// clocks it finished. Each clock's pull is recorded: (worker, clock, parameters).
+type Seen = Arc<Mutex<Vec<(usize, u64, Vec<f32>)>>>;
+
+async fn worker(url: String, job: String, index: usize, seen: Seen) -> anyhow::Result<u64> {
+    let sched = SchedulerClient::connect(&url).await?;
+    let mut me = WorkerSession::join(sched, &job, &format!("w{index}")).await?;
+    let mut cfg = ClientConfig::new(Vec::<String>::new());
+    cfg.max_attempts = 100;
+    cfg.max_backoff = Duration::from_millis(300);
+    let ps = me.ps_client(cfg).await?;
+    let table = format!("{job}/progress");
+    let n = me.spec().num_workers as usize;
+    let mut g = me.start().await?;
+    let mut done = 0;
+    while !g.stop {
+        let params = ps.pull_dense(&table).await?;
+        seen.lock().push((index, g.clock, params));
+        let mut grad = vec![0.0; n];
+        grad[index] = -1.0;
+        ps.push_dense(&table, &grad).await?;
+        done += 1;
+        g = me.advance(ClockDone::default()).await?;
+    }
+    Ok(done)
+}
+
+fn clocks_of(seen: &Seen, w: usize) -> u64 {
+    seen.lock()
+        .iter()
+        .filter(|(i, _, _)| *i == w)
+        .map(|(_, c, _)| *c)
+        .max()
+        .unwrap_or(0)
+}
+
+async fn wait_for(seen: &Seen, clock: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while clocks_of(seen, 0) < clock || clocks_of(seen, 1) < clock {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "stuck below clock {clock}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_of_the_scheduler_loses_nothing_and_workers_ride_it_out() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("scheduler");
+    let (mut sched_proc, url) = scheduler_process(&data, "127.0.0.1:0", &[]).await;
+    let _shard = shard_process(&dir.path().join("shard-0"), 0, 1, &url).await;
+    let sched = SchedulerClient::connect(&url).await.unwrap();
+    sched.submit(&job("crash", 2)).await.unwrap();
+    let seen: Seen = Arc::default();
+    let workers: Vec<_> = (0..2)
+        .map(|i| tokio::spawn(worker(url.clone(), "crash".into(), i, seen.clone())))
+        .collect();
+    wait_for(&seen, 3).await;
+    let ckpt = sched.checkpoint("crash").await.unwrap();
+    wait_for(&seen, ckpt.clock + 2).await;
+    let map = sched.shard_map().await.unwrap();
+
+    // kill -9 while both workers are long-polling or computing, and a restart on the same
+    // data dir and address.
+    sched_proc.kill();
+    let listen = url.trim_start_matches("http://").to_owned();
+    let killed_at = clocks_of(&seen, 0);
+    let (_sched_proc, url2) = scheduler_process(&data, &listen, &[]).await;
+    assert_eq!(url2, url);
+    let sched = SchedulerClient::connect(&url)
+        .await
+        .unwrap()
+        .with_retries(50);
+    // The job, its checkpoint and the map came back from the state file.
+    let st = sched.job("crash").await.unwrap();
+    assert_eq!(st.spec, job("crash", 2));
+    assert_eq!(sched.checkpoints("crash").await.unwrap(), vec![ckpt]);
+    assert_eq!(sched.shard_map().await.unwrap().epoch, map.epoch);
+    // The workers go on: past where they were at the kill, then cancel ends them cleanly.
+    wait_for(&seen, killed_at + 5).await;
+    let st = sched.job("crash").await.unwrap();
+    assert_eq!(st.state, JobState::Running, "{}", st.message);
+    assert_eq!(st.live().count(), 2, "{st:?}");
+    sched.cancel("crash").await.unwrap();
+    for w in workers {
+        let done = tokio::time::timeout(Duration::from_secs(60), w)
+            .await
+            .expect("the worker ended with the job")
+            .unwrap()
+            .expect("the worker rode out the restart");
+        assert!(done > killed_at, "{done} clocks");
+    }
+    // Nothing applied twice or lost: each worker's own progress is its clock at every pull.
+    for (w, clock, params) in seen.lock().iter() {
+        assert_eq!(params[*w] as u64, *clock, "worker {w}: {params:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_answers_long_polls_at_once_and_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("scheduler");
+    let config = dir.path().join("sched.toml");
+    // A grace far longer than any test: a stop that waits for it is the bug.
+    std::fs::write(&config, "grace_ms = 120000\nmax_wait_ms = 120000\n").unwrap();
+    let (mut sched_proc, url) = scheduler_process(
+        &data,
+        "127.0.0.1:0",
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let _shard = shard_process(&dir.path().join("shard-0"), 0, 1, &url).await;
+    let sched = SchedulerClient::connect(&url).await.unwrap();
+    sched.submit(&job("held", 2)).await.unwrap();
+    // One member of a two-worker BSP job: its first clock is held until the second joins.
+    let mut me = WorkerSession::join(sched.clone(), "held", "alone")
+        .await
+        .unwrap();
+    let held = tokio::spawn(async move { me.start().await });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(sched_proc.log())
+        .unwrap()
+        .contains("worker joined")
+    {
+        assert!(tokio::time::Instant::now() < deadline);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    drop(sched);
+    sched_proc.terminate();
+    let status = sched_proc
+        .wait(Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("the scheduler exited long before its 120 s grace");
+    assert_eq!(status.code(), Some(0), "{}", sched_proc.tail());
+    let log = std::fs::read_to_string(sched_proc.log()).unwrap();
+    assert!(
+        !log.contains("did not finish within the grace period"),
+        "{log}"
+    );
+    held.abort();
+}
+
+/// `psctl`'s exit codes: 0 done, 2 bad usage or job file, 3 scheduler unreachable, 4 no such
+/// job or checkpoint, 5 refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psctl_exit_codes_say_what_went_wrong() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sched, url) = scheduler_process(&dir.path().join("scheduler"), "127.0.0.1:0", &[]).await;
+    let psctl = ps_launch::binary("psctl").unwrap();
+    let file = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let good = file(
+        "good.toml",
+        "name = \"j\"\nconsistency = \"bsp\"\nnum_shards = 1\nnum_workers = 1\n\n[[tables]]\n\
+         name = \"j/w\"\nshape = [4]\n",
+    );
+    let other = file(
+        "other.toml",
+        "name = \"j\"\nconsistency = \"asp\"\nnum_shards = 1\nnum_workers = 1\n\n[[tables]]\n\
+         name = \"j/w\"\nshape = [4]\n",
+    );
+    let bad = file(
+        "bad.toml",
+        "name = \"j\"\nconsistency = \"sometimes\"\nnum_shards = 1\nnum_workers = 1\n",
+    );
+    // A closed loopback port: nothing listens there.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let cases: [(&[&str], &str, i32, &str); 8] = [
+        (&["submit", &good], &url, 0, "submitted job `j`"),
+        (&["status", "j"], &url, 0, "job j"),
+        (&["submit", &bad], &url, 2, "consistency"),
+        (&["submit", "/nonexistent.toml"], &url, 2, "reading"),
+        (&["status", "nope"], &url, 4, "no job named `nope`"),
+        (&["resume", "j"], &url, 4, "no complete checkpoint"),
+        (&["submit", &other], &url, 5, "exists with another spec"),
+        (&["status"], &closed, 3, "cannot reach the scheduler"),
+    ];
+    for (args, scheduler, code, words) in cases {
+        let out = Command::new(&psctl)
+            .arg("--scheduler")
+            .arg(scheduler)
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(out.status.code(), Some(code), "psctl {args:?}: {text}");
+        assert!(text.contains(words), "psctl {args:?}: {text}");
+    }
+}
