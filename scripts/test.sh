@@ -2,7 +2,8 @@
 # The README's test command: set-up, lint, then every test of the workspace in one release build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/setup.sh
+# --data: the loader tests read Fashion-MNIST (Debian's dataset-fashion-mnist).
+./scripts/setup.sh --data
 if [ "${CI:-}" = "true" ]; then
   # A CI checkout is built once: incremental caches would only take disk (they roughly double
   # the workspace crates' share of target/), and a full disk fails the RocksDB-backed tests.

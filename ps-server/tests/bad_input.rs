@@ -110,18 +110,25 @@ fn chunks_for(name: &str, n: u64) -> (Vec<u64>, u64) {
     (mine, other)
 }
 
-async fn expect(
-    code: Code,
-    hint: &str,
-    r: Result<tonic::Response<impl std::fmt::Debug>, tonic::Status>,
-) {
-    let s = r.expect_err("the request should be refused");
-    assert_eq!(s.code(), code, "{}", s.message());
-    assert!(
-        s.message().contains(hint),
-        "`{}` should mention `{hint}`",
-        s.message()
-    );
+/// One request of a bad-input table.
+enum Call {
+    PushDense(pb::PushDenseRequest),
+    PushSparse(pb::PushSparseRequest),
+    PullDense(pb::PullDenseRequest),
+    PullSparse(pb::PullSparseRequest),
+    Create(pb::CreateTableRequest),
+}
+
+impl Call {
+    async fn send(self, c: &mut ParameterServerClient<Channel>) -> Result<(), tonic::Status> {
+        match self {
+            Call::PushDense(r) => c.push_dense(r).await.map(drop),
+            Call::PushSparse(r) => c.push_sparse(r).await.map(drop),
+            Call::PullDense(r) => c.pull_dense(r).await.map(drop),
+            Call::PullSparse(r) => c.pull_sparse(r).await.map(drop),
+            Call::Create(r) => c.create_table(r).await.map(drop),
+        }
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -183,14 +190,16 @@ async fn bad_requests_are_refused_and_change_nothing() {
         .into_inner();
     assert_eq!(stats_before.pushes_applied, 2);
 
-    let dense_push = |table: &str, chunk: u64, values: pb::Payload| pb::PushDenseRequest {
-        table: table.into(),
-        push_id: push_id(),
-        map_epoch: 0,
-        slices: vec![pb::DenseSlice {
-            chunk,
-            values: Some(values),
-        }],
+    let dense_push = |table: &str, chunk: u64, values: pb::Payload| {
+        Call::PushDense(pb::PushDenseRequest {
+            table: table.into(),
+            push_id: push_id(),
+            map_epoch: 0,
+            slices: vec![pb::DenseSlice {
+                chunk,
+                values: Some(values),
+            }],
+        })
     };
     let sparse_push = |ids: Vec<u64>, values: pb::Payload| pb::PushSparseRequest {
         table: "s".into(),
@@ -199,158 +208,150 @@ async fn bad_requests_are_refused_and_change_nothing() {
         ids,
         values: Some(values),
     };
-
-    // Unknown table.
-    expect(
-        Code::NotFound,
-        "create it first",
-        c.push_dense(dense_push("nope", 0, f32s(&[1.0]))).await,
-    )
-    .await;
-    expect(
-        Code::NotFound,
-        "does not exist",
-        c.pull_sparse(pb::PullSparseRequest {
-            table: "nope".into(),
-            ..Default::default()
-        })
-        .await,
-    )
-    .await;
-    // Wrong shape: a slice that does not end on a chunk boundary.
-    expect(
-        Code::InvalidArgument,
-        "chunk boundary",
-        c.push_dense(dense_push("d", chunk, f32s(&[1.0; 3]))).await,
-    )
-    .await;
-    // Wrong dim: ids and row data of different lengths.
-    expect(
-        Code::InvalidArgument,
-        "3 ids of dim 2 need 6 values",
-        c.push_sparse(sparse_push(ids.clone(), f32s(&[1.0; 5])))
-            .await,
-    )
-    .await;
-    // Chunk out of range, on push and pull.
-    expect(
-        Code::OutOfRange,
-        "out of range",
-        c.push_dense(dense_push("d", 7, f32s(&[1.0; 4]))).await,
-    )
-    .await;
-    expect(
-        Code::OutOfRange,
-        "has 3 chunks",
-        c.pull_dense(pb::PullDenseRequest {
-            table: "d".into(),
-            chunks: vec![3],
-            ..Default::default()
-        })
-        .await,
-    )
-    .await;
-    // A payload whose length does not match its header.
     let mut short = f32s(&vec![1.0; chunk_len]);
     short.num_values += 1;
-    expect(
-        Code::InvalidArgument,
-        "need 20 bytes",
-        c.push_dense(dense_push("d", chunk, short)).await,
-    )
-    .await;
-    // An unknown encoding.
     let mut unknown = f32s(&vec![1.0; chunk_len]);
     unknown.encoding = 77;
-    expect(
-        Code::InvalidArgument,
-        "unknown encoding",
-        c.push_dense(dense_push("d", chunk, unknown)).await,
-    )
-    .await;
-    // NaN and infinity, rejected by default.
     let mut nan = vec![1.0; chunk_len];
     nan[1] = f32::NAN;
-    expect(
-        Code::InvalidArgument,
-        "NaN or infinity",
-        c.push_dense(dense_push("d", chunk, f32s(&nan))).await,
-    )
-    .await;
-    expect(
-        Code::InvalidArgument,
-        "NaN or infinity",
-        c.push_sparse(sparse_push(
-            ids.clone(),
-            f32s(&[1.0, 1.0, f32::INFINITY, 1.0, 1.0, 1.0]),
-        ))
-        .await,
-    )
-    .await;
-    // Keys routed to the wrong shard.
-    expect(
-        Code::FailedPrecondition,
-        "belongs to shard 1",
-        c.push_sparse(sparse_push(vec![foreign_id], f32s(&[1.0; 2])))
-            .await,
-    )
-    .await;
     let foreign_len = if foreign_chunk == 2 { 2 } else { 4 };
-    expect(
-        Code::FailedPrecondition,
-        "belongs to shard 1",
-        c.push_dense(dense_push(
-            "d",
-            foreign_chunk,
-            f32s(&vec![1.0; foreign_len]),
-        ))
-        .await,
-    )
-    .await;
-    // A push without its (client id, seq).
-    expect(
-        Code::InvalidArgument,
-        "push_id",
-        c.push_sparse(pb::PushSparseRequest {
-            push_id: None,
-            ..sparse_push(ids.clone(), f32s(&[1.0; 6]))
-        })
-        .await,
-    )
-    .await;
-    // Dense call on a sparse table.
-    expect(
-        Code::FailedPrecondition,
-        "is sparse",
-        c.push_dense(dense_push("s", 0, f32s(&[1.0]))).await,
-    )
-    .await;
-    // A request over the server's size limit (1 MiB here).
-    expect(
-        Code::ResourceExhausted,
-        "--max-request-bytes",
-        c.push_sparse(sparse_push(
-            vec![ids[0]; 200_000],
-            f32s(&vec![1.0; 400_000]),
-        ))
-        .await,
-    )
-    .await;
-    // A conflicting create, and a malformed one.
-    expect(
-        Code::AlreadyExists,
-        "different spec",
-        c.create_table(pb::CreateTableRequest {
-            spec: Some(dense_spec("d", 11, 4, pb::NonFinitePolicy::Reject)),
-        })
-        .await,
-    )
-    .await;
-    expect(
-        Code::InvalidArgument,
-        "FTRL-proximal is for sparse tables",
-        c.create_table(pb::CreateTableRequest {
-            spec: Some(pb::TableSpec {
+    let create = |spec: pb::TableSpec| Call::Create(pb::CreateTableRequest { spec: Some(spec) });
+    // One row per bad request: what it is, the code, the ErrorInfo reason, words of the message.
+    let cases: Vec<(&str, Code, &str, &str, Call)> = vec![
+        (
+            "unknown table (push)",
+            Code::NotFound,
+            "TABLE_NOT_FOUND",
+            "create it first",
+            dense_push("nope", 0, f32s(&[1.0])),
+        ),
+        (
+            "unknown table (pull)",
+            Code::NotFound,
+            "TABLE_NOT_FOUND",
+            "does not exist",
+            Call::PullSparse(pb::PullSparseRequest {
+                table: "nope".into(),
+                ..Default::default()
+            }),
+        ),
+        (
+            "a slice that does not end on a chunk boundary",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "chunk boundary",
+            dense_push("d", chunk, f32s(&[1.0; 3])),
+        ),
+        (
+            "ids and row data of different lengths",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "3 ids of dim 2 need 6 values",
+            Call::PushSparse(sparse_push(ids.clone(), f32s(&[1.0; 5]))),
+        ),
+        (
+            "a chunk out of range (push)",
+            Code::OutOfRange,
+            "CHUNK_OUT_OF_RANGE",
+            "out of range",
+            dense_push("d", 7, f32s(&[1.0; 4])),
+        ),
+        (
+            "a chunk out of range (pull)",
+            Code::OutOfRange,
+            "CHUNK_OUT_OF_RANGE",
+            "has 3 chunks",
+            Call::PullDense(pb::PullDenseRequest {
+                table: "d".into(),
+                chunks: vec![3],
+                ..Default::default()
+            }),
+        ),
+        (
+            "a payload longer than its data",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "need 20 bytes",
+            dense_push("d", chunk, short),
+        ),
+        (
+            "an unknown encoding",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "unknown encoding",
+            dense_push("d", chunk, unknown),
+        ),
+        (
+            "NaN in a dense push",
+            Code::InvalidArgument,
+            "NON_FINITE",
+            "NaN or infinity",
+            dense_push("d", chunk, f32s(&nan)),
+        ),
+        (
+            "infinity in a sparse push",
+            Code::InvalidArgument,
+            "NON_FINITE",
+            "NaN or infinity",
+            Call::PushSparse(sparse_push(
+                ids.clone(),
+                f32s(&[1.0, 1.0, f32::INFINITY, 1.0, 1.0, 1.0]),
+            )),
+        ),
+        (
+            "an id of another shard",
+            Code::FailedPrecondition,
+            "NOT_OWNER",
+            "belongs to shard 1",
+            Call::PushSparse(sparse_push(vec![foreign_id], f32s(&[1.0; 2]))),
+        ),
+        (
+            "a chunk of another shard",
+            Code::FailedPrecondition,
+            "NOT_OWNER",
+            "belongs to shard 1",
+            dense_push("d", foreign_chunk, f32s(&vec![1.0; foreign_len])),
+        ),
+        (
+            "a push without its (client id, seq)",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "push_id",
+            Call::PushSparse(pb::PushSparseRequest {
+                push_id: None,
+                ..sparse_push(ids.clone(), f32s(&[1.0; 6]))
+            }),
+        ),
+        (
+            "a dense call on a sparse table",
+            Code::FailedPrecondition,
+            "WRONG_TABLE_KIND",
+            "is sparse",
+            dense_push("s", 0, f32s(&[1.0])),
+        ),
+        (
+            "a request over the size limit",
+            Code::ResourceExhausted,
+            "",
+            "--max-request-bytes",
+            Call::PushSparse(sparse_push(
+                vec![ids[0]; 200_000],
+                f32s(&vec![1.0; 400_000]),
+            )),
+        ),
+        (
+            "a create that conflicts",
+            Code::AlreadyExists,
+            "TABLE_SPEC_CONFLICT",
+            "different spec",
+            create(dense_spec("d", 11, 4, pb::NonFinitePolicy::Reject)),
+        ),
+        (
+            "FTRL on a dense table",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "FTRL-proximal is for sparse tables",
+            create(pb::TableSpec {
                 optimizer: Some(pb::Optimizer {
                     kind: Some(pb::optimizer::Kind::Ftrl(pb::Ftrl {
                         alpha: 0.1,
@@ -361,25 +362,39 @@ async fn bad_requests_are_refused_and_change_nothing() {
                 }),
                 ..dense_spec("f", 4, 0, pb::NonFinitePolicy::Reject)
             }),
-        })
-        .await,
-    )
-    .await;
-    expect(
-        Code::InvalidArgument,
-        "dimension 0 is 0",
-        c.create_table(pb::CreateTableRequest {
-            spec: Some(pb::TableSpec {
+        ),
+        (
+            "a dense shape with a zero dimension",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "dimension 0 is 0",
+            create(pb::TableSpec {
                 kind: Some(pb::table_spec::Kind::Dense(pb::DenseSpec {
                     shape: vec![0],
                     chunk_elems: 0,
                 })),
                 ..dense_spec("z", 1, 0, pb::NonFinitePolicy::Reject)
             }),
-        })
-        .await,
-    )
-    .await;
+        ),
+    ];
+    for (what, code, reason, hint, call) in cases {
+        let s = call.send(c).await.expect_err(what);
+        assert_eq!(s.code(), code, "{what}: {}", s.message());
+        assert!(
+            s.message().contains(hint),
+            "{what}: `{}` should mention `{hint}`",
+            s.message()
+        );
+        // The request-size refusal comes from the gRPC layer, before the shard sees the call.
+        if !reason.is_empty() {
+            let info = tonic_types::StatusExt::get_details_error_info(&s).expect(what);
+            assert_eq!(
+                (info.domain.as_str(), info.reason.as_str()),
+                ("ps.v1", reason),
+                "{what}"
+            );
+        }
+    }
 
     // Nothing changed.
     assert_eq!(

@@ -447,3 +447,187 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
     );
     server.svc.kill();
 }
+
+/// Optimizer state of sparse rows (Adagrad's accumulators, Adam's moments and step, FTRL's
+/// z and n, momentum's velocity) survives kill -9: the pushes after the restart continue from
+/// it exactly as one uninterrupted run would, computed here with the shards' own update rule.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_optimizer_state_survives_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = spawn(&data, "127.0.0.1:0", &[]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    let optimizers = [
+        ("momentum", Optimizer::momentum(0.1, 0.9)),
+        ("adagrad", Optimizer::adagrad(0.1)),
+        ("adam", Optimizer::adam(0.01)),
+        ("ftrl", Optimizer::ftrl(0.1, 1.0, 0.01, 0.1)),
+    ];
+    let ids = [5u64, 9];
+    let dim = 3;
+    let grads: [Vec<f32>; 3] = [
+        vec![0.5, -1.0, 2.0, 0.25, 0.0, -3.0],
+        vec![-0.5, 0.75, 1.0, 1.5, -2.0, 0.5],
+        vec![1.0, 1.0, -1.0, -0.25, 0.5, 2.0],
+    ];
+    // The reference: each row's parameters (as first pulled), state and step.
+    let mut reference = Vec::new();
+    for (name, opt) in &optimizers {
+        ps.create_table(
+            TableSpec::sparse(name, dim as u32)
+                .unwrap()
+                .with_optimizer(*opt)
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+        let w = ps.pull_sparse(name, &ids).await.unwrap();
+        let state = ps_core::optim::initial_state(opt, w.len());
+        reference.push((w, state, [0u64; 2]));
+    }
+    let step = |reference: &mut Vec<(Vec<f32>, Vec<f32>, [u64; 2])>, g: &[f32]| {
+        for ((_, opt), (w, state, steps)) in optimizers.iter().zip(reference.iter_mut()) {
+            let slots = opt.state_slots();
+            for (r, step) in steps.iter_mut().enumerate() {
+                let row = r * dim..(r + 1) * dim;
+                let mut st: Vec<f32> = (0..slots)
+                    .flat_map(|s| state[s * w.len() + row.start..s * w.len() + row.end].to_vec())
+                    .collect();
+                ps_core::optim::apply(opt, &mut w[row.clone()], &mut st, step, &g[row.clone()]);
+                for s in 0..slots {
+                    state[s * w.len() + row.start..s * w.len() + row.end]
+                        .copy_from_slice(&st[s * dim..(s + 1) * dim]);
+                }
+            }
+        }
+    };
+    for g in &grads[..2] {
+        for (name, _) in &optimizers {
+            ps.push_sparse(name, &ids, g).await.unwrap();
+        }
+        step(&mut reference, g);
+    }
+    server.svc.kill();
+    let port = server.addr.rsplit(':').next().unwrap().to_owned();
+    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &[]).await;
+    for (name, _) in &optimizers {
+        ps.push_sparse(name, &ids, &grads[2]).await.unwrap();
+    }
+    step(&mut reference, &grads[2]);
+    for ((name, _), (want, _, _)) in optimizers.iter().zip(&reference) {
+        let got = ps.pull_sparse(name, &ids).await.unwrap();
+        for (g, w) in got.iter().zip(want) {
+            assert!(
+                (g - w).abs() <= 1e-6 * (1.0 + w.abs()),
+                "{name}: {got:?} after the restart, {want:?} uninterrupted"
+            );
+        }
+    }
+    server.svc.kill();
+}
+
+/// With --sync (fsync of the WAL and the dense log at every group commit) acknowledged pushes
+/// survive kill -9 too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sync_mode_keeps_acknowledged_pushes_across_kill_9() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = spawn(&data, "127.0.0.1:0", &["--sync"]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    ps.create_table(TableSpec::dense("w", &[50_000]).unwrap())
+        .await
+        .unwrap();
+    ps.create_table(TableSpec::sparse("s", 4).unwrap())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        ps.push_dense("w", &vec![-1.0; 50_000]).await.unwrap();
+        ps.push_sparse("s", &[1, 2], &[-1.0; 8]).await.unwrap();
+    }
+    let w = ps.pull_dense("w").await.unwrap();
+    let s = ps.pull_sparse("s", &[1, 2]).await.unwrap();
+    server.svc.kill();
+    let port = server.addr.rsplit(':').next().unwrap().to_owned();
+    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &["--sync"]).await;
+    assert_eq!(ps.pull_dense("w").await.unwrap(), w);
+    assert_eq!(ps.pull_sparse("s", &[1, 2]).await.unwrap(), s);
+    assert!(
+        w.iter().all(|&v| (v - 0.03).abs() < 1e-6),
+        "sgd(0.01) thrice: {}",
+        w[0]
+    );
+    server.svc.kill();
+}
+
+/// `--restore-from` starts a shard on a checkpoint copied into an empty data dir: it holds the
+/// state at the checkpoint, not what came after; a checkpoint whose file does not match its
+/// manifest is refused and the shard does not start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restore_from_starts_a_shard_on_a_verified_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = spawn(&data, "127.0.0.1:0", &[]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    ps.create_table(TableSpec::dense("w", &[1000]).unwrap())
+        .await
+        .unwrap();
+    ps.push_dense("w", &vec![-1.0; 1000]).await.unwrap();
+    let at_checkpoint = ps.pull_dense("w").await.unwrap();
+    let ckpt = ps.checkpoint("c1").await.unwrap().remove(0);
+    ps.push_dense("w", &vec![-5.0; 1000]).await.unwrap();
+    server.svc.kill();
+
+    let restored = dir.path().join("restored");
+    let mut server = spawn(&restored, "127.0.0.1:0", &["--restore-from", &ckpt.path]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    assert_eq!(ps.pull_dense("w").await.unwrap(), at_checkpoint);
+    server.svc.kill();
+
+    // A damaged copy of the checkpoint: one file's bytes changed.
+    let damaged = dir.path().join("damaged");
+    copy_dir(Path::new(&ckpt.path), &damaged);
+    let sst = std::fs::read_dir(damaged.join("db"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "sst" || x == "log"))
+        .expect("a data file in the checkpoint");
+    let mut bytes = std::fs::read(&sst).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&sst, bytes).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ps-server"))
+        .args(["--listen", "127.0.0.1:0", "--data-dir"])
+        .arg(dir.path().join("other"))
+        .arg("--restore-from")
+        .arg(&damaged)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not match the manifest"), "{err}");
+    assert!(
+        !dir.path().join("other").join("db").exists(),
+        "nothing was installed"
+    );
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        let dest = to.join(e.file_name());
+        if e.file_type().unwrap().is_dir() {
+            copy_dir(&e.path(), &dest);
+        } else {
+            std::fs::copy(e.path(), dest).unwrap();
+        }
+    }
+}

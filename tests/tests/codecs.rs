@@ -695,3 +695,68 @@ async fn an_emulated_link_paces_the_transfers() {
     assert!(PsClient::connect(bad).await.is_err());
     cluster.stop().await;
 }
+
+/// A push the shard refused (certainly not applied) gives its part back to the residual; a
+/// push whose fate is unknown (the shard went away under it: it may have been applied) does
+/// not, so error feedback never sends a gradient twice.
+#[tokio::test]
+async fn a_refused_push_gives_its_part_back_and_one_of_unknown_fate_does_not() {
+    let cluster = TestCluster::start(1).await;
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.max_attempts = 2;
+    cfg.initial_backoff = std::time::Duration::from_millis(10);
+    let ps = PsClient::connect(cfg).await.unwrap();
+    ps.create_table(dense_sgd("w", &[2000], 1.0)).await.unwrap();
+    let topk = Codec::TopK {
+        ratio: 0.01,
+        values: SparseValues::F32,
+    };
+    ps.set_table_codec("w", pushes_in(topk)).unwrap();
+    ps.push_dense("w", &gradient(2000, 1)).await.unwrap();
+    let owed = ps.dense_residual("w").unwrap();
+
+    // Refused: the table was dropped behind this client's back (it still has the spec).
+    let other = cluster.client().await;
+    other.drop_table("w").await.unwrap();
+    let g = gradient(2000, 2);
+    let e = ps.push_dense("w", &g).await.unwrap_err();
+    assert_eq!(
+        e.reason(),
+        Some(ps_core::wire::reason::TABLE_NOT_FOUND),
+        "{e}"
+    );
+    let want: Vec<f32> = owed.iter().zip(&g).map(|(r, g)| r + g).collect();
+    assert_eq!(
+        ps.dense_residual("w").unwrap(),
+        want,
+        "the whole part came back"
+    );
+
+    // Unknown fate: the shard is gone; the part that was sent stays out of the residual.
+    other
+        .create_table(dense_sgd("w", &[2000], 1.0))
+        .await
+        .unwrap();
+    cluster.stop().await;
+    let g2 = gradient(2000, 3);
+    let e = ps.push_dense("w", &g2).await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::Unavailable), "{e}");
+    let acc: Vec<f32> = want.iter().zip(&g2).map(|(r, g)| r + g).collect();
+    let after = ps.dense_residual("w").unwrap();
+    let sent: Vec<usize> = (0..2000).filter(|&i| after[i] != acc[i]).collect();
+    // Top 1% of each chunk of 1,000: 10 each, taken out (f32 values: exactly to zero).
+    assert_eq!(sent.len(), 2 * Codec::entries(0.01, 1000), "{sent:?}");
+    assert!(sent.iter().all(|&i| after[i] == 0.0));
+    for chunk in [0..1000, 1000..2000] {
+        let (taken, kept): (Vec<usize>, Vec<usize>) =
+            chunk.partition(|i| sent.binary_search(i).is_ok());
+        let smallest = taken
+            .iter()
+            .map(|&i| acc[i].abs())
+            .fold(f32::INFINITY, f32::min);
+        assert!(
+            kept.iter().all(|&i| acc[i].abs() <= smallest),
+            "the positions taken out are their chunk's largest"
+        );
+    }
+}

@@ -51,8 +51,8 @@ async fn a_local_cluster_trains_a_model_well_above_chance() {
         "test accuracy {:.3} after {} clocks",
         e.test_accuracy, o.result.clocks
     );
-    // Four classes: chance is 25%.
-    assert!(e.test_accuracy > 0.6, "{e:?}");
+    // Four classes: chance is 25%; this data allows about 89% (88.9-89.2% in three runs).
+    assert!(e.test_accuracy > 0.85, "{e:?}");
     assert!(e.test_loss < (4f64).ln(), "{e:?}");
     assert_eq!(o.result.clocks, (3.0f64 * 4000.0 / 64.0).ceil() as u64);
     // The run directory holds the curves, the evaluations and the model.
@@ -159,8 +159,9 @@ learning_rate = 0.05
     let fin: serde_json::Value =
         serde_json::from_slice(&std::fs::read(cluster.run_dir.join("final.json")).unwrap())
             .unwrap();
+    // The same softmax without a kill reaches 88.4-88.7% (three runs).
     let acc = fin["eval"]["test_accuracy"].as_f64().unwrap();
-    assert!(acc > 0.6, "{fin}");
+    assert!(acc > 0.84, "{fin}");
     cluster.stop().await;
 }
 
@@ -197,7 +198,8 @@ async fn top_k_with_a_warmup_and_a_cosine_step_trains() {
     );
     let o = ps_cli::local::run(&args).await.unwrap();
     let e = &o.result.eval;
-    assert!(e.test_accuracy > 0.6, "{e:?}");
+    // This data set is separable by a linear model: three runs reached 100%.
+    assert!(e.test_accuracy > 0.97, "{e:?}");
     let steps: Vec<serde_json::Value> = std::fs::read_to_string(o.run_dir.join("steps-w0.jsonl"))
         .unwrap()
         .lines()
@@ -296,7 +298,7 @@ async fn a_job_file_trains_what_it_declares() {
     let bound = (1024.0 * 2.0 + 4.0 * 4.0) / (1028.0 * 4.0);
     let ratio = o.result.wire_bytes_per_step / o.result.raw_bytes_per_step;
     assert!(ratio <= bound, "wire/raw {ratio}, fp16 allows {bound}");
-    assert!(o.result.eval.test_accuracy > 0.6, "{:?}", o.result.eval);
+    assert!(o.result.eval.test_accuracy > 0.97, "{:?}", o.result.eval);
 
     std::fs::write(
         &job,
@@ -309,5 +311,53 @@ async fn a_job_file_trains_what_it_declares() {
         err.contains("`softmax/w` is not one model `softmax` trains")
             && err.contains("`jf/w0` (dense [256, 4])"),
         "{err}"
+    );
+}
+
+/// `--ssp-refresh bound`: under SSP(3) the workers pull the model only when the bound requires
+/// it (the cache rule), applying their own pushes in between: well under half the pulls of
+/// `every-clock` (which pulls every clock, plus one per evaluation), and still training (the
+/// same job reached 86.5-87.2% in two runs, every-clock 88.3-88.6%).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ssp_with_the_cache_rule_pulls_less_and_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |refresh: &'static str, sub: &str| {
+        let dir = dir.path().join(sub);
+        local(
+            &[
+                "--dataset",
+                DATA,
+                "--model",
+                "mlp:16",
+                "--epochs",
+                "3",
+                "--batch",
+                "64",
+                "--consistency",
+                "ssp",
+                "--staleness",
+                "3",
+                "--ssp-refresh",
+                refresh,
+            ],
+            &dir,
+        )
+    };
+    let lazy = ps_cli::local::run(&run("bound", "bound")).await.unwrap();
+    let eager = ps_cli::local::run(&run("every-clock", "eager"))
+        .await
+        .unwrap();
+    let evals = eager.result.dense_pulls - eager.result.clocks;
+    assert!(evals <= 4, "every clock pulls once: {:?}", eager.result);
+    assert!(
+        lazy.result.dense_pulls * 2 < eager.result.dense_pulls,
+        "bound {} pulls, every-clock {}",
+        lazy.result.dense_pulls,
+        eager.result.dense_pulls
+    );
+    assert!(
+        lazy.result.eval.test_accuracy > 0.82,
+        "{:?}",
+        lazy.result.eval
     );
 }

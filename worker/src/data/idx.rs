@@ -191,15 +191,17 @@ mod tests {
         assert!(read_idx(&p).unwrap_err().to_string().contains("truncated"));
     }
 
+    /// Needs Debian's `dataset-fashion-mnist`, which the test command installs
+    /// (`scripts/setup.sh --data`).
     #[test]
-    fn reads_fashion_mnist_when_present() {
+    fn reads_fashion_mnist() {
         let dir = Path::new(crate::data::FASHION_MNIST_DIR);
-        if !dir.exists() {
-            eprintln!(
-                "skipped: Fashion-MNIST is not installed (apt-get install dataset-fashion-mnist)"
-            );
-            return;
-        }
+        assert!(
+            dir.exists(),
+            "Fashion-MNIST is not installed at {}: run scripts/setup.sh --data (or apt-get \
+             install dataset-fashion-mnist)",
+            dir.display()
+        );
         let s = load_idx_dir(dir).unwrap();
         assert_eq!((s.train.len(), s.test.len()), (60_000, 10_000));
         assert_eq!(
