@@ -42,13 +42,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     cfg.check()?;
-    let ready = Ready::new(
-        listener.local_addr()?,
-        metrics_listener
-            .as_ref()
-            .map(TcpListener::local_addr)
-            .transpose()?,
-    );
+    let ready = Ready::of(&listener, metrics_listener.as_ref())?;
     ps_runtime::metrics::start("ps-server", metrics_listener, &shutdown)?;
     metrics::describe();
     let map_epoch = Arc::new(MapEpoch::default());

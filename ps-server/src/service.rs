@@ -263,20 +263,9 @@ impl<S: Store> ParameterServer for PsService<S> {
         &self,
         _: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
-        let engine = self.engine();
-        let cfg = engine.config();
-        let s = engine.stats();
         let stats = ShardStats {
-            shard_index: cfg.shard_index,
-            num_shards: cfg.num_shards,
-            uptime_ms: s.uptime_ms,
-            pushes_applied: s.pushes_applied,
-            pushes_duplicate: s.pushes_duplicate,
-            write_batches: s.write_batches,
-            bytes_written: s.bytes_written,
-            live_data_bytes: s.live_data_bytes,
-            tables: s.tables,
             bulk_calls: self.bulk_calls.load(Ordering::Relaxed),
+            ..self.engine().stats()
         };
         Ok(Response::new(stats.into()))
     }

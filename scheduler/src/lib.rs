@@ -37,13 +37,7 @@ pub async fn run(
     metrics_listener: Option<TcpListener>,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
-    let ready = Ready::new(
-        listener.local_addr()?,
-        metrics_listener
-            .as_ref()
-            .map(TcpListener::local_addr)
-            .transpose()?,
-    );
+    let ready = Ready::of(&listener, metrics_listener.as_ref())?;
     ps_runtime::metrics::start("scheduler", metrics_listener, &shutdown)?;
     metrics::describe();
     let sched = {

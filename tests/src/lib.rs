@@ -126,3 +126,28 @@ pub async fn scheduler_process(data: &Path, listen: &str, extra: &[&str]) -> (Se
     let url = s.ready(READY).await.expect("scheduler ready").url();
     (s, url)
 }
+
+/// What test workers saw: per clock they started, (worker index, clock, the parameters pulled).
+pub type Seen = std::sync::Arc<parking_lot::Mutex<Vec<(usize, u64, Vec<f32>)>>>;
+
+/// The highest clock worker `w` has started, as recorded in `seen`.
+pub fn max_clock(seen: &Seen, w: usize) -> u64 {
+    seen.lock()
+        .iter()
+        .filter(|(i, _, _)| *i == w)
+        .map(|(_, c, _)| *c)
+        .max()
+        .unwrap_or(0)
+}
+
+/// Waits until each of `workers` has started clock `clock` (failing after a minute).
+pub async fn wait_for_clocks(seen: &Seen, workers: &[usize], clock: u64) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while !workers.iter().all(|&w| max_clock(seen, w) >= clock) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "workers {workers:?} never reached clock {clock}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}

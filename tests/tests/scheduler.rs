@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
 use ps_client::{ClientConfig, PsClient};
 use ps_core::JobSpec;
 use ps_core::status::JobState;
 use ps_launch::Service;
 use ps_scheduler::Config;
+use ps_tests::{Seen, max_clock, wait_for_clocks};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -125,9 +125,6 @@ fn client_cfg() -> ClientConfig {
     c.max_backoff = Duration::from_millis(300);
     c
 }
-
-/// What the workers saw: per clock start, the progress of every worker in the parameters.
-type Seen = Arc<Mutex<Vec<(usize, u64, Vec<f32>)>>>;
 
 /// A worker: each clock it pulls the progress table, records it, pushes +1 at its own index
 /// (after `delay`), and reports the clock. Runs `clocks` clocks, or until told to stop.
@@ -309,28 +306,6 @@ async fn a_killed_worker_is_dropped_and_a_late_joiner_is_served() {
     assert_eq!(g.data_shards.len(), 1, "{g:?}");
     late.leave().await.unwrap();
     survivor.abort();
-}
-
-/// The highest clock worker `w` has started, as recorded in `seen`.
-fn max_clock(seen: &Seen, w: usize) -> u64 {
-    seen.lock()
-        .iter()
-        .filter(|(i, _, _)| *i == w)
-        .map(|(_, c, _)| *c)
-        .max()
-        .unwrap_or(0)
-}
-
-/// Waits until each of `workers` has started clock `clock` (failing after a minute).
-async fn wait_for_clocks(seen: &Seen, workers: &[usize], clock: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while !workers.iter().all(|&w| max_clock(seen, w) >= clock) {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "workers {workers:?} never reached clock {clock}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

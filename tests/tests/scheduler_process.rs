@@ -9,12 +9,11 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use parking_lot::Mutex;
 use ps_client::ClientConfig;
 use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
 use ps_core::JobSpec;
 use ps_core::status::JobState;
-use ps_tests::{scheduler_process, shard_process};
+use ps_tests::{Seen, max_clock, scheduler_process, shard_process, wait_for_clocks};
 
 fn job(name: &str, workers: u32) -> JobSpec {
     JobSpec::from_toml(&format!(
@@ -25,10 +24,8 @@ fn job(name: &str, workers: u32) -> JobSpec {
     .unwrap()
 }
 
-/// A worker that pushes +1 at its index every clock until `stop` or the job ends; returns the
-/// clocks it finished. Each clock's pull is recorded: (worker, clock, parameters).
-type Seen = Arc<Mutex<Vec<(usize, u64, Vec<f32>)>>>;
-
+/// A worker that pushes +1 at its index every clock until the job ends; returns the clocks it
+/// finished. Each clock's pull is recorded in `seen`.
 async fn worker(url: String, job: String, index: usize, seen: Seen) -> anyhow::Result<u64> {
     let sched = SchedulerClient::connect(&url).await?;
     let mut me = WorkerSession::join(sched, &job, &format!("w{index}")).await?;
@@ -52,26 +49,6 @@ async fn worker(url: String, job: String, index: usize, seen: Seen) -> anyhow::R
     Ok(done)
 }
 
-fn clocks_of(seen: &Seen, w: usize) -> u64 {
-    seen.lock()
-        .iter()
-        .filter(|(i, _, _)| *i == w)
-        .map(|(_, c, _)| *c)
-        .max()
-        .unwrap_or(0)
-}
-
-async fn wait_for(seen: &Seen, clock: u64) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    while clocks_of(seen, 0) < clock || clocks_of(seen, 1) < clock {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "stuck below clock {clock}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_of_the_scheduler_loses_nothing_and_workers_ride_it_out() {
     let dir = tempfile::tempdir().unwrap();
@@ -84,16 +61,16 @@ async fn kill_9_of_the_scheduler_loses_nothing_and_workers_ride_it_out() {
     let workers: Vec<_> = (0..2)
         .map(|i| tokio::spawn(worker(url.clone(), "crash".into(), i, seen.clone())))
         .collect();
-    wait_for(&seen, 3).await;
+    wait_for_clocks(&seen, &[0, 1], 3).await;
     let ckpt = sched.checkpoint("crash").await.unwrap();
-    wait_for(&seen, ckpt.clock + 2).await;
+    wait_for_clocks(&seen, &[0, 1], ckpt.clock + 2).await;
     let map = sched.shard_map().await.unwrap();
 
     // kill -9 while both workers are long-polling or computing, and a restart on the same
     // data dir and address.
     sched_proc.kill();
     let listen = url.trim_start_matches("http://").to_owned();
-    let killed_at = clocks_of(&seen, 0);
+    let killed_at = max_clock(&seen, 0);
     let (_sched_proc, url2) = scheduler_process(&data, &listen, &[]).await;
     assert_eq!(url2, url);
     let sched = SchedulerClient::connect(&url)
@@ -106,7 +83,7 @@ async fn kill_9_of_the_scheduler_loses_nothing_and_workers_ride_it_out() {
     assert_eq!(sched.checkpoints("crash").await.unwrap(), vec![ckpt]);
     assert_eq!(sched.shard_map().await.unwrap().epoch, map.epoch);
     // The workers go on: past where they were at the kill, then cancel ends them cleanly.
-    wait_for(&seen, killed_at + 5).await;
+    wait_for_clocks(&seen, &[0, 1], killed_at + 5).await;
     let st = sched.job("crash").await.unwrap();
     assert_eq!(st.state, JobState::Running, "{}", st.message);
     assert_eq!(st.live().count(), 2, "{st:?}");

@@ -11,7 +11,7 @@ use ps_core::{TableName, TableSpec};
 use super::keys::{META_NEXT_ID, StoredTable, table_key};
 use super::{Cmd, Engine, EngineError, Inner, Result};
 use crate::store::{Cf, Store, StoreBatch, StoreError};
-use ps_core::status::TableStats;
+use ps_core::status::{ShardStats, TableStats};
 
 /// Where a checkpoint of the store was written.
 #[derive(Debug, Clone)]
@@ -19,18 +19,6 @@ pub struct CheckpointDone {
     pub name: String,
     pub path: PathBuf,
     pub sequence: u64,
-}
-
-/// A point-in-time view of the shard for `GetStats`.
-#[derive(Debug, Clone)]
-pub struct EngineStats {
-    pub uptime_ms: u64,
-    pub pushes_applied: u64,
-    pub pushes_duplicate: u64,
-    pub write_batches: u64,
-    pub bytes_written: u64,
-    pub live_data_bytes: u64,
-    pub tables: Vec<TableStats>,
 }
 
 impl<S: Store> Engine<S> {
@@ -55,7 +43,8 @@ impl<S: Store> Engine<S> {
         self.submit(|r| Cmd::Checkpoint(name, r)).await
     }
 
-    pub fn stats(&self) -> EngineStats {
+    /// The shard's counters now (the bulk stream's calls are the service's to fill in).
+    pub fn stats(&self) -> ShardStats {
         let c = &self.inner.counters;
         let mut tables: Vec<TableStats> = self
             .inner
@@ -65,7 +54,9 @@ impl<S: Store> Engine<S> {
             .map(|t| t.stats())
             .collect();
         tables.sort_by(|a, b| a.name.cmp(&b.name));
-        EngineStats {
+        ShardStats {
+            shard_index: self.inner.cfg.shard_index,
+            num_shards: self.inner.cfg.num_shards,
             uptime_ms: self.inner.started.elapsed().as_millis() as u64,
             pushes_applied: c.pushes_applied.load(Ordering::Relaxed),
             pushes_duplicate: c.pushes_duplicate.load(Ordering::Relaxed),
@@ -73,6 +64,7 @@ impl<S: Store> Engine<S> {
             bytes_written: c.bytes_written.load(Ordering::Relaxed),
             live_data_bytes: self.inner.store.live_bytes(),
             tables,
+            bulk_calls: 0,
         }
     }
 }

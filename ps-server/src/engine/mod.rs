@@ -48,7 +48,7 @@ use parking_lot::{Mutex, RwLock};
 use ps_core::{Partitioner, PushDense, PushSparse, TableName, TableSpec};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
-pub use admin::{CheckpointDone, EngineStats};
+pub use admin::CheckpointDone;
 pub use error::{EngineError, Result};
 pub use read::PulledDense;
 pub use routing::MapEpoch;

@@ -33,6 +33,19 @@ impl Ready {
         }
     }
 
+    /// What a service serving on `grpc` (and `/metrics` on `metrics`) announces.
+    pub fn of(
+        grpc: &tokio::net::TcpListener,
+        metrics: Option<&tokio::net::TcpListener>,
+    ) -> std::io::Result<Self> {
+        Ok(Self::new(
+            grpc.local_addr()?,
+            metrics
+                .map(tokio::net::TcpListener::local_addr)
+                .transpose()?,
+        ))
+    }
+
     /// The URL clients reach the gRPC address at.
     pub fn url(&self) -> String {
         format!("http://{}", self.grpc)
