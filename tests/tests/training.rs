@@ -315,9 +315,11 @@ async fn a_job_file_trains_what_it_declares() {
 }
 
 /// `--ssp-refresh bound`: under SSP(3) the workers pull the model only when the bound requires
-/// it (the cache rule), applying their own pushes in between: well under half the pulls of
-/// `every-clock` (which pulls every clock, plus one per evaluation), and still training (the
-/// same job reached 86.5-87.2% in two runs, every-clock 88.3-88.6%).
+/// it (the cache rule), applying their own pushes in between: fewer pulls than `every-clock`
+/// (which pulls every clock, plus one per evaluation), and still training (the same job
+/// reached 86.5-87.2% in two runs, every-clock 88.3-88.6%). How many fewer depends on how far
+/// the workers drift apart: 67-93 of 191 alone on the machine, 115 under the whole test
+/// suite's load (a worker whose peer lags by the bound must pull at its next clock).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ssp_with_the_cache_rule_pulls_less_and_trains() {
     let dir = tempfile::tempdir().unwrap();
@@ -350,7 +352,7 @@ async fn ssp_with_the_cache_rule_pulls_less_and_trains() {
     let evals = eager.result.dense_pulls - eager.result.clocks;
     assert!(evals <= 4, "every clock pulls once: {:?}", eager.result);
     assert!(
-        lazy.result.dense_pulls * 2 < eager.result.dense_pulls,
+        lazy.result.dense_pulls < eager.result.dense_pulls,
         "bound {} pulls, every-clock {}",
         lazy.result.dense_pulls,
         eager.result.dense_pulls
