@@ -434,6 +434,10 @@ impl Job {
     ) -> Result<()> {
         let w = self.member(id)?;
         w.lease_until = now + lease;
+        // A worker that calls is not computing: it finished its clock or waits for a grant. A
+        // grant whose answer was lost (the call was cut and retried) must not leave it marked
+        // running, or a checkpoint or resume would wait for it forever.
+        w.running = false;
         let Some(f) = r.finished else {
             return Ok(());
         };

@@ -128,3 +128,48 @@ async fn bad_calls_change_nothing() {
         Err(SchedError::NotMember { worker: 999, .. })
     ));
 }
+
+/// A worker that calls is not computing. A grant whose answer was lost (the call was cut and
+/// retried) must not leave the worker marked running: a resume waits for no worker to be
+/// running, and would wait forever.
+#[tokio::test(start_paused = true)]
+async fn a_worker_whose_grant_was_lost_is_not_left_running() {
+    let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
+    s.register_shard(0, 1, 128, "http://127.0.0.1:1".into())
+        .await
+        .unwrap();
+    let mut spec = JobSpec::from_toml(JOB).unwrap();
+    spec.num_workers = 1;
+    s.submit(spec).await.unwrap();
+    let (a, _) = s.join("leases", "a", 0).unwrap();
+    // The tables exist (there is no real shard here to create them on).
+    s.with_job("leases", |j, c| {
+        j.tables_ready = true;
+        j.refresh(c);
+    })
+    .unwrap();
+    let running = || {
+        s.with_job("leases", |j, _| j.workers[&a.worker_id].running)
+            .unwrap()
+    };
+    let wait = Some(Duration::from_millis(10));
+    let report = ps_scheduler::state::ClockReport::default;
+    let (g, _) = s
+        .advance("leases", a.worker_id, report(), wait)
+        .await
+        .unwrap();
+    assert!(g.ready && g.clock == 0, "{g:?}");
+    assert!(running());
+    // The answer is lost; the worker asks again while the job is held (a resume holds it).
+    s.with_job("leases", |j, c| {
+        j.resuming = true;
+        j.refresh(c);
+    })
+    .unwrap();
+    let (g, _) = s
+        .advance("leases", a.worker_id, report(), wait)
+        .await
+        .unwrap();
+    assert!(!g.ready, "{g:?}");
+    assert!(!running(), "a worker asking for a grant is not computing");
+}

@@ -45,6 +45,9 @@ async fn start_scheduler_with_lease(
     let mut cfg = Config::local(Some(data.to_owned()));
     cfg.scheduler.lease = lease;
     cfg.scheduler.tick = Duration::from_millis(50);
+    // A checkpoint or resume that cannot reach its boundary fails the test in a minute, not
+    // after the default five.
+    cfg.scheduler.checkpoint_timeout = Duration::from_secs(60);
     let listener = TcpListener::bind(addr.unwrap_or(([127, 0, 0, 1], 0).into()))
         .await
         .expect("bind");
