@@ -81,8 +81,12 @@ pub async fn read_head<R: AsyncRead + Unpin>(
             "a bulk header of {len} bytes is over the limit of {max_header}"
         )));
     }
-    let mut header = vec![0u8; len];
-    r.read_exact(&mut header).await?;
+    // Read as the bytes arrive: a head claiming a large header reserves nothing it was not
+    // sent.
+    let mut header = Vec::with_capacity(len.min(64 << 10));
+    if (&mut *r).take(len as u64).read_to_end(&mut header).await? != len {
+        return Err(io::ErrorKind::UnexpectedEof.into());
+    }
     Ok(Some((head, header)))
 }
 

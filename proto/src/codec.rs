@@ -6,13 +6,16 @@
 //! second full copy, and fresh pages to fault in). [`PsCodec`] reserves the message's encoded
 //! length first, so every payload byte is copied into the request exactly once. Every gRPC
 //! test of the workspace goes through it.
+//!
+//! A message that does not decode (truncated, a wrong wire type, invalid UTF-8 in a string)
+//! is the sender's fault: [`PsDecoder`] answers it `invalid_argument`, where prost's decoder
+//! says `internal`.
 
 use std::marker::PhantomData;
 
 use prost::Message;
 use tonic::Status;
-use tonic::codec::{BufferSettings, Codec, EncodeBuf, Encoder};
-use tonic_prost::{ProstCodec, ProstDecoder};
+use tonic::codec::{BufferSettings, Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 
 /// Prost encoding with the whole message reserved up front.
 #[derive(Debug, Clone)]
@@ -32,14 +35,39 @@ where
     type Encode = T;
     type Decode = U;
     type Encoder = PsEncoder<T>;
-    type Decoder = ProstDecoder<U>;
+    type Decoder = PsDecoder<U>;
 
     fn encoder(&mut self) -> Self::Encoder {
         PsEncoder(PhantomData)
     }
 
     fn decoder(&mut self) -> Self::Decoder {
-        ProstCodec::<T, U>::raw_decoder(BufferSettings::default())
+        PsDecoder(PhantomData)
+    }
+}
+
+/// Prost decoding, with a message that does not decode answered `invalid_argument`.
+#[derive(Debug)]
+pub struct PsDecoder<U>(PhantomData<U>);
+
+impl<U: Message + Default> Decoder for PsDecoder<U> {
+    type Item = U;
+    type Error = Status;
+
+    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<U>, Status> {
+        U::decode(buf).map(Some).map_err(|e| {
+            Status::invalid_argument(format!(
+                "the message does not decode as {}: {e}",
+                std::any::type_name::<U>()
+                    .rsplit("::")
+                    .next()
+                    .unwrap_or("its type"),
+            ))
+        })
+    }
+
+    fn buffer_settings(&self) -> BufferSettings {
+        BufferSettings::default()
     }
 }
 

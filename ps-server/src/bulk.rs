@@ -19,6 +19,7 @@ use ps_proto::v1::parameter_server_server::ParameterServer;
 use ps_runtime::status::{invalid_field, refusal};
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Status};
@@ -30,6 +31,13 @@ use crate::store::Store;
 #[derive(Debug, Clone, Copy)]
 pub struct BulkOptions {
     pub max_request_bytes: usize,
+    /// Most bytes of calls' bodies held at once across every connection; a call waits for its
+    /// body's share before the body is read.
+    pub budget_bytes: usize,
+    /// Longest a call may go without a byte arriving once its frame has begun.
+    pub frame_timeout: Duration,
+    /// Longest a connection may stay open between calls.
+    pub idle_timeout: Duration,
     /// Time connections keep being served after shutdown begins.
     pub drain: Duration,
     /// Longest wait, after `drain`, for calls in progress to finish.
@@ -47,6 +55,13 @@ pub async fn serve<S: Store>(
 ) {
     let closing = CancellationToken::new();
     let mut conns = JoinSet::new();
+    let limits = Arc::new(Limits {
+        max_request_bytes: opts.max_request_bytes,
+        budget: Semaphore::new((opts.budget_bytes / BUDGET_UNIT).clamp(1, Semaphore::MAX_PERMITS)),
+        budget_bytes: opts.budget_bytes,
+        frame_timeout: opts.frame_timeout,
+        idle_timeout: opts.idle_timeout,
+    });
     tracing::info!(local = ?listener.local_addr().ok(), "bulk stream listening");
     loop {
         tokio::select! {
@@ -55,7 +70,7 @@ pub async fn serve<S: Store>(
             accepted = listener.accept() => match accepted {
                 Ok((sock, _)) => {
                     crate::metrics::bulk_connection();
-                    conns.spawn(connection(sock, svc.clone(), opts.max_request_bytes, closing.clone()));
+                    conns.spawn(connection(sock, svc.clone(), limits.clone(), closing.clone()));
                 }
                 Err(e) => {
                     // Out of descriptors and the like: the next accept may succeed.
@@ -78,43 +93,79 @@ pub async fn serve<S: Store>(
     tracing::info!("bulk stream stopped");
 }
 
+/// Budget units are KiB, so that large budgets fit a semaphore's permits.
+const BUDGET_UNIT: usize = 1024;
+
+/// Most bytes of a call's header: chunk numbers and names, never tensors.
+const MAX_HEADER_BYTES: usize = 4 << 20;
+
+/// What every connection of one listener shares.
+#[derive(Debug)]
+struct Limits {
+    max_request_bytes: usize,
+    /// Bodies being read or served, in [`BUDGET_UNIT`]s.
+    budget: Semaphore,
+    budget_bytes: usize,
+    frame_timeout: Duration,
+    idle_timeout: Duration,
+}
+
 /// One connection: calls one after another until the peer closes it, it breaks the framing,
-/// or the shard closes.
+/// stalls in the middle of a call, stays idle too long, or the shard closes.
 async fn connection<S: Store>(
     mut sock: TcpStream,
     svc: Arc<PsService<S>>,
-    max_request_bytes: usize,
+    limits: Arc<Limits>,
     closing: CancellationToken,
 ) {
     let _ = sock.set_nodelay(true);
+    let header_limit = limits.max_request_bytes.min(MAX_HEADER_BYTES);
     loop {
+        // Between calls the connection holds nothing; it waits for a call's first byte.
+        let mut first = [0u8; 1];
+        let arrived = tokio::select! {
+            biased;
+            () = closing.cancelled() => return,
+            arrived = tokio::time::timeout(limits.idle_timeout, sock.peek(&mut first)) => arrived,
+        };
+        match arrived {
+            Ok(Ok(0)) | Ok(Err(_)) => return,
+            Ok(Ok(_)) => {}
+            Err(_) => {
+                tracing::debug!("bulk stream closed: idle");
+                return;
+            }
+        }
         let next = tokio::select! {
             biased;
             () = closing.cancelled() => return,
-            next = bulk::read_head(&mut sock, max_request_bytes) => next,
+            next = tokio::time::timeout(limits.frame_timeout, bulk::read_head(&mut sock, header_limit)) => next,
         };
         let (head, header) = match next {
-            Ok(Some(h)) => h,
-            Ok(None) => return,
-            Err(e) => {
+            Ok(Ok(Some(h))) => h,
+            Ok(Ok(None)) => return,
+            Ok(Err(e)) => {
                 tracing::debug!(error = %e, "bulk stream closed: bad frame");
                 return;
             }
+            Err(_) => {
+                tracing::debug!("bulk stream closed: the call's head stalled");
+                return;
+            }
         };
-        let (code, header, body) =
-            match call(&svc, head, &header, &mut sock, max_request_bytes).await {
-                Ok(Ok((header, body))) => (0, header, body),
-                // A refusal: the message, and its error details (a google.rpc.Status) as body.
-                Ok(Err(s)) => (
-                    s.code() as u32,
-                    s.message().as_bytes().to_vec(),
-                    vec![Bytes::copy_from_slice(s.details())],
-                ),
-                Err(e) => {
-                    tracing::debug!(error = %e, "bulk stream closed while reading a call");
-                    return;
-                }
-            };
+        let (code, header, body) = match call(&svc, head, &header, &mut sock, &limits).await {
+            Ok(Ok((header, body))) => (0, header, body),
+            // A refusal: the message, and its error details (a google.rpc.Status) as body.
+            Ok(Err(s)) => (
+                s.code() as u32,
+                s.message().as_bytes().to_vec(),
+                vec![Bytes::copy_from_slice(s.details())],
+            ),
+            Err(e) => {
+                tracing::debug!(error = %e, "bulk stream closed while reading a call");
+                return;
+            }
+        };
         svc.bulk_call();
         if let Err(e) = bulk::write_frame(&mut sock, code, &header, &body).await {
             tracing::debug!(error = %e, "bulk stream closed while answering");
@@ -133,18 +184,28 @@ async fn call<S: Store>(
     head: Head,
     header: &[u8],
     sock: &mut TcpStream,
-    max_request_bytes: usize,
+    limits: &Limits,
 ) -> io::Result<Answer> {
+    let timeout = limits.frame_timeout;
     match head.kind {
         bulk::PUSH_DENSE => {
-            let mut req = match push_header(head, header, max_request_bytes) {
+            let mut req = match push_header(head, header, limits.max_request_bytes) {
                 Ok(r) => r,
                 Err(refused) => {
-                    discard(sock, head.body_len).await?;
+                    discard(sock, head.body_len, timeout).await?;
                     return Ok(Err(refused));
                 }
             };
-            let body = read_body(sock, head.body_len as usize).await?;
+            // The body's share of the budget across connections, before it is read; held
+            // until the push is answered.
+            let len = head.body_len as usize;
+            let units = (len / BUDGET_UNIT).clamp(1, limits.budget_bytes / BUDGET_UNIT);
+            let _held = limits
+                .budget
+                .acquire_many(u32::try_from(units).unwrap_or(u32::MAX))
+                .await
+                .map_err(|_| io::Error::other("the bulk budget is closed"))?;
+            let body = read_body(sock, len, timeout).await?;
             bulk::put_slice_data(&mut req.slices, body);
             Ok(svc
                 .push_dense(Request::new(req))
@@ -152,7 +213,7 @@ async fn call<S: Store>(
                 .map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
         }
         bulk::PULL_DENSE => {
-            discard(sock, head.body_len).await?;
+            discard(sock, head.body_len, timeout).await?;
             let req = match pull_header(head, header) {
                 Ok(r) => r,
                 Err(refused) => return Ok(Err(refused)),
@@ -175,7 +236,7 @@ async fn call<S: Store>(
             })
         }
         other => {
-            discard(sock, head.body_len).await?;
+            discard(sock, head.body_len, timeout).await?;
             Ok(Err(refusal(
                 Code::Unimplemented,
                 reason::NOT_ON_BULK_STREAM,
@@ -258,12 +319,16 @@ fn bad_header(reason: String) -> Status {
     invalid_field(&ValidationError::new("bulk header", reason))
 }
 
-/// Reads exactly `len` bytes of body into one buffer, without zeroing it first.
-async fn read_body(sock: &mut TcpStream, len: usize) -> io::Result<Bytes> {
+/// Reads exactly `len` bytes of body into one buffer, without zeroing it first (memory is
+/// touched only as bytes arrive). Each read must bring bytes within `timeout`.
+async fn read_body(sock: &mut TcpStream, len: usize, timeout: Duration) -> io::Result<Bytes> {
     let mut buf = BytesMut::with_capacity(len);
     while buf.len() < len {
         let want = (len - buf.len()) as u64;
-        if (&mut *sock).take(want).read_buf(&mut buf).await? == 0 {
+        let read = tokio::time::timeout(timeout, (&mut *sock).take(want).read_buf(&mut buf))
+            .await
+            .map_err(|_| stalled())??;
+        if read == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
     }
@@ -271,10 +336,25 @@ async fn read_body(sock: &mut TcpStream, len: usize) -> io::Result<Bytes> {
 }
 
 /// Reads and drops `len` bytes of a refused call's body, so the next call starts in place.
-async fn discard(sock: &mut TcpStream, len: u64) -> io::Result<()> {
-    let copied = tokio::io::copy(&mut (&mut *sock).take(len), &mut tokio::io::sink()).await?;
-    if copied < len {
-        return Err(io::ErrorKind::UnexpectedEof.into());
+async fn discard(sock: &mut TcpStream, len: u64, timeout: Duration) -> io::Result<()> {
+    let mut left = len;
+    let mut scratch = vec![0u8; (64 << 10).min(len as usize)];
+    while left > 0 {
+        let want = (scratch.len() as u64).min(left) as usize;
+        let read = tokio::time::timeout(timeout, sock.read(&mut scratch[..want]))
+            .await
+            .map_err(|_| stalled())??;
+        if read == 0 {
+            return Err(io::ErrorKind::UnexpectedEof.into());
+        }
+        left -= read as u64;
     }
     Ok(())
+}
+
+fn stalled() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::TimedOut,
+        "the call stalled in the middle of its body",
+    )
 }

@@ -120,6 +120,16 @@ pub fn verify(dir: &Path) -> anyhow::Result<Manifest> {
 /// Copies a verified checkpoint into an empty (or missing) data directory.
 pub fn restore(checkpoint: &Path, data_dir: &Path) -> anyhow::Result<Manifest> {
     let manifest = verify(checkpoint)?;
+    copy_verified(checkpoint, manifest, data_dir)
+}
+
+/// Copies checkpoint `checkpoint`, whose files `manifest` has verified, into an empty (or
+/// missing) data directory.
+fn copy_verified(
+    checkpoint: &Path,
+    manifest: Manifest,
+    data_dir: &Path,
+) -> anyhow::Result<Manifest> {
     if data_dir.exists() && fs::read_dir(data_dir)?.next().is_some() {
         anyhow::bail!(
             "refusing to restore into {}: it is not empty (move it away first)",
@@ -162,12 +172,13 @@ pub fn current_db(data_dir: &Path) -> anyhow::Result<PathBuf> {
     }
 }
 
-/// Copies verified checkpoint `checkpoint` into a fresh generation directory of `data_dir` and
-/// makes it the live one (an atomic rename of `CURRENT_DB`). The previous generation stays on
-/// disk until [`remove_stale_generations`] runs at the next start. Returns the new RocksDB
-/// directory and the checkpoint's manifest.
+/// Copies checkpoint `checkpoint`, whose files `manifest` has verified ([`verify`]), into a
+/// fresh generation directory of `data_dir` and makes it the live one (an atomic rename of
+/// `CURRENT_DB`). The previous generation stays on disk until [`remove_stale_generations`]
+/// runs at the next start. Returns the new RocksDB directory and the checkpoint's manifest.
 pub fn install_generation(
     checkpoint: &Path,
+    manifest: Manifest,
     data_dir: &Path,
 ) -> anyhow::Result<(PathBuf, Manifest)> {
     let ms = std::time::SystemTime::now()
@@ -176,7 +187,7 @@ pub fn install_generation(
         .unwrap_or(0);
     let gen_name = format!("gen-{ms}");
     let gen_dir = data_dir.join(&gen_name);
-    let manifest = restore(checkpoint, &gen_dir)?;
+    let manifest = copy_verified(checkpoint, manifest, &gen_dir)?;
     for f in &manifest.files {
         fs::File::open(gen_dir.join("db").join(&f.name))?.sync_all()?;
     }

@@ -31,6 +31,12 @@ pub struct Args {
     /// Largest request accepted, in bytes [default: 67108864].
     #[arg(long, env = "PS_MAX_REQUEST_BYTES")]
     pub max_request_bytes: Option<usize>,
+    /// Most bytes the tables' parameters and optimizer state may take on this shard: a table
+    /// or a push that would pass it is refused (`resource_exhausted`), and a stored table that
+    /// would is left unloaded at start-up [default: 3/4 of the memory this process may use:
+    /// the smaller of the machine's, the cgroup's limit and half the address-space limit].
+    #[arg(long, env = "PS_MEMORY_BUDGET_BYTES")]
+    pub memory_budget_bytes: Option<u64>,
     /// Before starting, verify this checkpoint directory and copy it into the (empty) data dir.
     #[arg(long, env = "PS_RESTORE_FROM")]
     pub restore_from: Option<PathBuf>,
@@ -82,9 +88,14 @@ pub struct FileConfig {
     pub shard_index: Option<u32>,
     pub num_shards: Option<u32>,
     pub max_request_bytes: Option<usize>,
+    pub memory_budget_bytes: Option<u64>,
+    pub max_answer_bytes: Option<u64>,
     pub scheduler: Option<String>,
     pub advertise: Option<String>,
     pub bulk_listen: Option<BulkListen>,
+    pub bulk_budget_bytes: Option<usize>,
+    pub bulk_frame_timeout_ms: Option<u64>,
+    pub bulk_idle_timeout_s: Option<u64>,
     pub virtual_nodes: Option<u32>,
     pub group_commit_bytes: Option<usize>,
     pub max_queued_bytes: Option<usize>,
@@ -101,6 +112,10 @@ pub struct ServerConfig {
     pub num_shards: u32,
     pub virtual_nodes: u32,
     pub max_request_bytes: usize,
+    /// Most bytes the tables' cells may take.
+    pub memory_budget_bytes: u64,
+    /// Most bytes of values one pull answers.
+    pub max_answer_bytes: u64,
     pub group_commit_bytes: usize,
     pub max_queued_bytes: usize,
     /// Memory for the per-client replicas that delta pulls diff against.
@@ -113,6 +128,12 @@ pub struct ServerConfig {
     pub advertise: Option<String>,
     /// The bulk stream's address; `None`: no bulk stream (clients use gRPC for everything).
     pub bulk_listen: Option<SocketAddr>,
+    /// Most bytes of bodies the bulk stream holds at once across its connections.
+    pub bulk_budget_bytes: usize,
+    /// Longest a bulk call may go without a byte once begun; the connection is then closed.
+    pub bulk_frame_timeout: Duration,
+    /// Longest a bulk connection may stay open between calls.
+    pub bulk_idle_timeout: Duration,
 }
 
 const DEFAULTS: ServiceDefaults = ServiceDefaults {
@@ -131,6 +152,8 @@ impl ServerConfig {
             num_shards: 1,
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
             max_request_bytes: 64 << 20,
+            memory_budget_bytes: default_memory_budget(),
+            max_answer_bytes: 256 << 20,
             group_commit_bytes: 64 << 20,
             max_queued_bytes: 1 << 30,
             pull_replica_bytes: 512 << 20,
@@ -139,6 +162,9 @@ impl ServerConfig {
             scheduler: None,
             advertise: None,
             bulk_listen: Some(SocketAddr::from(([127, 0, 0, 1], 0))),
+            bulk_budget_bytes: 256 << 20,
+            bulk_frame_timeout: Duration::from_secs(10),
+            bulk_idle_timeout: Duration::from_secs(600),
         }
     }
 
@@ -154,7 +180,7 @@ impl ServerConfig {
             Some(BulkListen::At(a)) => Some(a),
             None => Some(SocketAddr::new(service.listen.ip(), 0)),
         };
-        let cfg = Self {
+        let mut cfg = Self {
             service,
             shard_index: args.shard_index.or(file.shard_index).unwrap_or(0),
             num_shards: args.num_shards.or(file.num_shards).unwrap_or(1),
@@ -163,6 +189,11 @@ impl ServerConfig {
                 .max_request_bytes
                 .or(file.max_request_bytes)
                 .unwrap_or(d.max_request_bytes),
+            memory_budget_bytes: args
+                .memory_budget_bytes
+                .or(file.memory_budget_bytes)
+                .unwrap_or(d.memory_budget_bytes),
+            max_answer_bytes: file.max_answer_bytes.unwrap_or(d.max_answer_bytes),
             group_commit_bytes: file.group_commit_bytes.unwrap_or(d.group_commit_bytes),
             max_queued_bytes: file.max_queued_bytes.unwrap_or(d.max_queued_bytes),
             pull_replica_bytes: file.pull_replica_bytes.unwrap_or(d.pull_replica_bytes),
@@ -171,7 +202,18 @@ impl ServerConfig {
             scheduler: args.scheduler.or(file.scheduler),
             advertise: args.advertise.or(file.advertise),
             bulk_listen,
+            bulk_budget_bytes: file.bulk_budget_bytes.unwrap_or(d.bulk_budget_bytes),
+            bulk_frame_timeout: file
+                .bulk_frame_timeout_ms
+                .map_or(d.bulk_frame_timeout, Duration::from_millis),
+            bulk_idle_timeout: file
+                .bulk_idle_timeout_s
+                .map_or(d.bulk_idle_timeout, Duration::from_secs),
         };
+        if file.bulk_budget_bytes.is_none() {
+            // Room for a few calls of the largest size.
+            cfg.bulk_budget_bytes = cfg.bulk_budget_bytes.max(cfg.max_request_bytes * 4);
+        }
         cfg.check()?;
         Ok(cfg)
     }
@@ -190,11 +232,49 @@ impl ServerConfig {
         if self.max_request_bytes < 1024 {
             anyhow::bail!("--max-request-bytes must be at least 1024");
         }
+        // A pull of one whole chunk of the largest allowed size must fit one answer.
+        let chunk_bytes = ps_core::table::MAX_CHUNK_ELEMS * 4;
+        if self.max_answer_bytes < chunk_bytes {
+            anyhow::bail!(
+                "max_answer_bytes must be at least {chunk_bytes} (one chunk of the largest size)"
+            );
+        }
+        if self.bulk_budget_bytes < self.max_request_bytes {
+            anyhow::bail!(
+                "bulk_budget_bytes ({}) must be at least max_request_bytes ({})",
+                self.bulk_budget_bytes,
+                self.max_request_bytes
+            );
+        }
         if self.restore_from.is_some() && self.service.data_dir.is_none() {
             anyhow::bail!("--restore-from needs a --data-dir to restore into");
         }
         Ok(())
     }
+}
+
+/// 3/4 of the memory this process may use: the smaller of the machine's (`MemTotal`), its
+/// cgroup's limit (`memory.max`, v2) and half its address-space limit (`RLIMIT_AS`, which also
+/// counts mappings that are not memory). 8 GiB when none can be read.
+pub fn default_memory_budget() -> u64 {
+    let read = |path: &str| std::fs::read_to_string(path).ok();
+    let total = read("/proc/meminfo").and_then(|m| {
+        m.lines()
+            .find_map(|l| l.strip_prefix("MemTotal:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            .map(|kib| kib * 1024)
+    });
+    let cgroup = read("/sys/fs/cgroup/memory.max").and_then(|v| v.trim().parse::<u64>().ok());
+    let address_space = nix::sys::resource::getrlimit(nix::sys::resource::Resource::RLIMIT_AS)
+        .ok()
+        .map(|(soft, _)| soft)
+        .filter(|&l| l != nix::sys::resource::RLIM_INFINITY)
+        .map(|l| l / 2);
+    [total, cgroup, address_space]
+        .into_iter()
+        .flatten()
+        .min()
+        .map_or(8 << 30, |m| m / 4 * 3)
 }
 
 #[cfg(test)]

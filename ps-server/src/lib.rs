@@ -45,7 +45,7 @@ pub async fn run(
     let ready = Ready::of(&listener, metrics_listener.as_ref())?;
     ps_runtime::metrics::start("ps-server", metrics_listener, &shutdown)?;
     metrics::describe();
-    let map_epoch = Arc::new(MapEpoch::default());
+    let map_epoch = Arc::new(MapEpoch::new(cfg.scheduler.is_some()));
     if let Some(url) = cfg.scheduler.clone() {
         let advertise = advertised(&cfg, &listener)?;
         let reg = registration::Registration {
@@ -132,6 +132,8 @@ async fn serve<S: Store>(
         dense_log_bytes: cfg.rocksdb.dense_log_mib << 20,
         sync: cfg.rocksdb.sync,
         map_epoch,
+        memory_budget: cfg.memory_budget_bytes,
+        max_answer_bytes: cfg.max_answer_bytes,
     };
     let engine = tokio::task::spawn_blocking(move || Engine::open(store, engine_cfg)).await??;
     tracing::info!(
@@ -162,6 +164,9 @@ async fn serve<S: Store>(
     let bulk_served = bulk_listener.map(|l| {
         let opts = bulk::BulkOptions {
             max_request_bytes: cfg.max_request_bytes,
+            budget_bytes: cfg.bulk_budget_bytes,
+            frame_timeout: cfg.bulk_frame_timeout,
+            idle_timeout: cfg.bulk_idle_timeout,
             drain: cfg.service.drain,
             grace: cfg.service.grace,
         };

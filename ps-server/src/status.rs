@@ -86,6 +86,39 @@ impl From<EngineError> for Status {
                 message,
                 epochs(request, current),
             ),
+            EngineError::NoScheduler { request } => refusal(
+                Code::FailedPrecondition,
+                reason::NO_SCHEDULER,
+                message,
+                [("request_epoch", request.to_string())],
+            ),
+            EngineError::OverLimit {
+                limit_name,
+                needed,
+                limit,
+                ..
+            } => refusal(
+                Code::ResourceExhausted,
+                reason::RESOURCE_LIMIT,
+                message,
+                [
+                    ("resource", limit_name.to_owned()),
+                    ("needed_bytes", needed.to_string()),
+                    ("limit_bytes", limit.to_string()),
+                ],
+            ),
+            EngineError::TableNotLoaded { table, .. } => refusal(
+                Code::FailedPrecondition,
+                reason::TABLE_NOT_LOADED,
+                message,
+                [("table", table.to_string())],
+            ),
+            EngineError::CheckpointDamaged { name, .. } => refusal(
+                Code::DataLoss,
+                reason::CHECKPOINT_DAMAGED,
+                message,
+                [("checkpoint", name)],
+            ),
             EngineError::NotRegistered { request } => refusal(
                 Code::Unavailable,
                 reason::NOT_REGISTERED,

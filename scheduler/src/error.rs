@@ -76,6 +76,15 @@ pub enum SchedError {
          restarted); register again"
     )]
     ShardNotRegistered { index: u32, endpoint: String },
+    /// A shard registered an address the scheduler cannot connect to.
+    #[error(
+        "the scheduler cannot connect to {endpoint} ({cause}); a shard must advertise an address \
+         the scheduler and the workers reach (--advertise)"
+    )]
+    Unreachable { endpoint: String, cause: String },
+    /// A join under a worker id this job never issued.
+    #[error("job `{job}` has never had worker {worker}; join with worker id 0 to be given an id")]
+    UnknownWorker { job: String, worker: u64 },
     #[error("not every shard is registered; try again when the job is running")]
     ShardsIncomplete,
     /// A call to the shards failed (after the SDK's retries).

@@ -147,7 +147,7 @@ impl Clocks {
             Ok(Report::Advanced {
                 min_changed: self.min() != before,
             })
-        } else if finished + 1 == clock {
+        } else if finished.checked_add(1) == Some(clock) {
             Ok(Report::Repeated)
         } else {
             Err(ClockError::OutOfOrder {

@@ -98,6 +98,18 @@ impl From<SchedError> for Status {
                 message,
                 [("shard", index.to_string())],
             ),
+            SchedError::Unreachable { .. } => refusal(
+                Code::FailedPrecondition,
+                reason::SHARD_UNREACHABLE,
+                message,
+                [],
+            ),
+            SchedError::UnknownWorker { job, worker } => refusal(
+                Code::NotFound,
+                reason::NOT_A_MEMBER,
+                message,
+                [("job", job), ("worker_id", worker.to_string())],
+            ),
             SchedError::ShardsIncomplete => refusal(
                 Code::Unavailable,
                 reason::SHARDS_UNAVAILABLE,

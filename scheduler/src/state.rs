@@ -343,6 +343,15 @@ impl Job {
                 )
             } else if self.resuming {
                 (JobState::Paused, "resuming from a checkpoint".into())
+            } else if self.live().is_empty() {
+                (
+                    JobState::Paused,
+                    format!(
+                        "no live worker: all {} workers left or lost their leases; start \
+                         workers (they rejoin where the job is) to go on",
+                        self.workers.len()
+                    ),
+                )
             } else {
                 (JobState::Running, String::new())
             };
@@ -447,7 +456,10 @@ impl Job {
         }
         let outcome = if w.resync {
             let recorded = self.clocks.clock(id).unwrap_or(0);
-            if f + 1 < recorded {
+            // A worker taken up again after a restart reports the clock it finished, which
+            // may be ahead of what was recorded, but never past the job's end.
+            let past_end = self.spec.max_clocks > 0 && f >= self.spec.max_clocks;
+            if f.saturating_add(1) < recorded || past_end || f == u64::MAX {
                 return Err(SchedError::clock(
                     &self.spec.name,
                     ClockError::OutOfOrder {
@@ -458,7 +470,7 @@ impl Job {
                 ));
             }
             let before = self.clocks.min();
-            self.clocks.insert(id, recorded.max(f + 1));
+            self.clocks.insert(id, recorded.max(f.saturating_add(1)));
             Report::Advanced {
                 min_changed: before != self.clocks.min(),
             }

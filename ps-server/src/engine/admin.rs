@@ -6,9 +6,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use ps_core::{TableName, TableSpec};
+use ps_core::{TableName, TableSpec, ValidationError};
 
 use super::keys::{META_NEXT_ID, StoredTable, table_key};
+use super::table::footprint;
 use super::{Cmd, Engine, EngineError, Inner, Result};
 use crate::store::{Cf, Store, StoreBatch, StoreError};
 use ps_core::status::{ShardStats, TableStats};
@@ -53,6 +54,11 @@ impl<S: Store> Engine<S> {
             .values()
             .map(|t| t.stats())
             .collect();
+        tables.extend(self.inner.unloaded.read().values().map(|u| {
+            let mut t = u.table.stats();
+            t.load_error = u.cause.clone();
+            t
+        }));
         tables.sort_by(|a, b| a.name.cmp(&b.name));
         ShardStats {
             shard_index: self.inner.cfg.shard_index,
@@ -65,6 +71,8 @@ impl<S: Store> Engine<S> {
             live_data_bytes: self.inner.store.live_bytes(),
             tables,
             bulk_calls: 0,
+            memory_bytes: self.inner.memory_used.load(Ordering::Relaxed),
+            memory_budget_bytes: self.inner.cfg.memory_budget,
         }
     }
 }
@@ -96,7 +104,16 @@ impl<S: Store> Inner<S> {
                 }),
             };
         }
+        if self.unloaded.read().contains_key(&spec.name) {
+            return Err(self.missing(&spec.name));
+        }
         self.check_writable()?;
+        // A table that cannot be held is refused before its record is written or a cell
+        // allocated.
+        let needed = footprint(&spec, |chunk| self.owns_chunk(&spec, chunk)).map_err(|why| {
+            ValidationError::new("spec.kind", format!("`{}` has {why}", spec.name))
+        })?;
+        self.check_memory(|| format!("table `{}` on this shard", spec.name), needed)?;
         let mut next = self.next_table_id.lock();
         let id = *next;
         let record = serde_json::to_vec(&StoredTable {
@@ -111,6 +128,8 @@ impl<S: Store> Inner<S> {
             .map_err(|cause| EngineError::ReadOnly { cause })?;
         *next = id + 1;
         let table = self.new_table(id, spec.clone());
+        self.memory_used
+            .fetch_add(table.memory_bytes(), Ordering::Relaxed);
         self.tables
             .write()
             .insert(spec.name.clone(), Arc::new(table));
@@ -119,24 +138,37 @@ impl<S: Store> Inner<S> {
         Ok((spec, true))
     }
 
+    /// Drops a table, loaded or not: its cells and its record leave the store in one write.
     fn drop_table(&self, name: &TableName) -> Result<()> {
-        let table =
-            self.tables
-                .read()
-                .get(name)
-                .cloned()
-                .ok_or_else(|| EngineError::NoSuchTable {
-                    table: name.clone(),
-                })?;
+        let loaded = self.tables.read().get(name).cloned();
+        let id = match &loaded {
+            Some(t) => t.id,
+            None => match self.unloaded.read().get(name) {
+                Some(u) => u.table.id,
+                None => {
+                    return Err(EngineError::NoSuchTable {
+                        table: name.clone(),
+                    });
+                }
+            },
+        };
         let mut batch = self.store.batch();
-        let (from, to) = (table.id.to_be_bytes(), (table.id + 1).to_be_bytes());
+        let (from, to) = (id.to_be_bytes(), (id + 1).to_be_bytes());
         batch.delete_range(Cf::Params, &from, &to);
         batch.delete_range(Cf::Optim, &from, &to);
         batch.delete(Cf::Meta, &table_key(name));
         self.write(batch)
             .map_err(|cause| EngineError::ReadOnly { cause })?;
+        self.unloaded.write().remove(name);
+        let Some(table) = loaded else {
+            tracing::info!(table = %name, "unloaded table dropped");
+            return Ok(());
+        };
         table.dropped.store(true, Ordering::Release);
         self.tables.write().remove(name);
+        // Rows a queued push adds after this are never counted: the table is gone.
+        self.memory_used
+            .fetch_sub(table.memory_bytes(), Ordering::Relaxed);
         self.dense_cells_changed();
         tracing::info!(table = %name, "table dropped");
         Ok(())

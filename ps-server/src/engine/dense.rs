@@ -19,9 +19,13 @@ impl<S: Store> Inner<S> {
     /// log's records before it may be overwritten. Refused once a write has failed: memory may
     /// then hold updates whose push ids never reached the store.
     pub(super) fn snapshot(&self, log: &mut DenseLog) -> Result<()> {
+        self.snapshot_onto(log, self.store.batch())
+    }
+
+    /// A snapshot written in one batch with what `batch` already holds.
+    pub(super) fn snapshot_onto(&self, log: &mut DenseLog, mut batch: S::Batch) -> Result<()> {
         self.check_writable()?;
         let t0 = Instant::now();
-        let mut batch = self.store.batch();
         let mut scratch = Vec::new();
         for table in self.tables.read().values() {
             if let TableData::Dense(chunks) = &table.data {

@@ -81,6 +81,31 @@ pub enum EngineError {
         "this shard has not registered with a scheduler yet (request map epoch {request}); retry"
     )]
     NotRegistered { request: u64 },
+    /// A request routed with a map epoch to a shard that no scheduler manages.
+    #[error(
+        "this shard has no scheduler (its shard map is static, epoch 0) but the request was \
+         routed with map epoch {request}; route with epoch 0 or start the shard with --scheduler"
+    )]
+    NoScheduler { request: u64 },
+    /// The call would take more memory than the shard holds for it; nothing was allocated.
+    #[error("{what} needs {needed} bytes, over the {limit_name} of {limit} bytes; {hint}")]
+    OverLimit {
+        what: String,
+        /// What the limit is called (`memory budget left`, `answer limit`, ...).
+        limit_name: &'static str,
+        needed: u64,
+        limit: u64,
+        hint: &'static str,
+    },
+    /// The table is in the store but was not loaded at start-up.
+    #[error(
+        "table `{table}` is stored on this shard but was not loaded at start-up ({cause}); drop \
+         it, or restart the shard with a larger --memory-budget-bytes"
+    )]
+    TableNotLoaded { table: TableName, cause: String },
+    /// A checkpoint's files do not match its manifest.
+    #[error("checkpoint `{name}` is damaged: {cause}")]
+    CheckpointDamaged { name: String, cause: String },
     #[error("the shard is shutting down")]
     ShuttingDown,
     /// A write failed: memory may be ahead of disk, so nothing more is written until a restart.

@@ -46,7 +46,7 @@ use std::time::Instant;
 use dashmap::DashMap;
 use parking_lot::{Mutex, RwLock};
 use ps_core::{Partitioner, PushDense, PushSparse, TableName, TableSpec};
-use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::sync::{Semaphore, SemaphorePermit, mpsc, oneshot};
 
 pub use admin::CheckpointDone;
 pub use error::{EngineError, Result};
@@ -82,6 +82,11 @@ pub struct EngineConfig {
     /// The shard-map epoch learnt from the scheduler (0: no scheduler). Shared with the
     /// registration task, and kept across a restore.
     pub map_epoch: Arc<MapEpoch>,
+    /// Most bytes the tables' cells may take on this shard: a create or a push that would
+    /// pass it is refused, and a stored table that would pass it is not loaded.
+    pub memory_budget: u64,
+    /// Most bytes of values one pull answers.
+    pub max_answer_bytes: u64,
 }
 
 /// What a push did.
@@ -151,6 +156,20 @@ struct Inner<S: Store> {
     log: Mutex<Option<DenseLog>>,
     /// Bytes of a dense-log image of every dense cell ([`DenseLog::image_len`]).
     image_len: AtomicU64,
+    /// Bytes the loaded tables' cells take ([`Table::memory_bytes`] summed), within
+    /// `cfg.memory_budget`.
+    memory_used: AtomicU64,
+    /// Tables found in the store that could not be loaded, and why.
+    unloaded: RwLock<HashMap<TableName, Unloaded>>,
+}
+
+/// A stored table the shard did not load at start-up: calls on it are refused until it is
+/// dropped (its cells stay in the store, complete).
+#[derive(Debug)]
+struct Unloaded {
+    /// The table without its cells, for its id and spec.
+    table: Table,
+    cause: String,
 }
 
 impl<S: Store> Inner<S> {
@@ -217,6 +236,8 @@ impl<S: Store> Engine<S> {
             replica_bytes: AtomicU64::new(0),
             log: Mutex::new(log),
             image_len: AtomicU64::new(0),
+            memory_used: AtomicU64::new(0),
+            unloaded: RwLock::new(HashMap::new()),
             store,
             cfg,
         });
@@ -260,18 +281,15 @@ impl<S: Store> Engine<S> {
         self.inner.store.durable()
     }
 
-    /// The table named `name`, or `not_found`.
+    /// The table named `name`; `not_found`, or the reason it was not loaded.
     pub fn table(&self, name: &TableName) -> Result<Arc<Table>> {
-        self.inner
-            .tables
-            .read()
-            .get(name)
-            .cloned()
-            .ok_or_else(|| EngineError::NoSuchTable {
-                table: name.clone(),
-            })
+        if let Some(t) = self.inner.tables.read().get(name) {
+            return Ok(t.clone());
+        }
+        Err(self.inner.missing(name))
     }
 
+    /// Every table stored on this shard, loaded or not.
     pub fn list_tables(&self) -> Vec<TableSpec> {
         let mut v: Vec<TableSpec> = self
             .inner
@@ -279,6 +297,13 @@ impl<S: Store> Engine<S> {
             .read()
             .values()
             .map(|t| t.spec.clone())
+            .chain(
+                self.inner
+                    .unloaded
+                    .read()
+                    .values()
+                    .map(|u| u.table.spec.clone()),
+            )
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
@@ -294,16 +319,62 @@ impl<S: Store> Engine<S> {
         rx.await.map_err(|_| EngineError::ShuttingDown)?
     }
 
-    /// Queues a validated push for the writer, within the queue's byte budget.
-    async fn push(&self, job: Job) -> Result<PushOutcome> {
+    /// Waits for `bytes` of the queue's budget for a push that decodes to `bytes` of f32,
+    /// before it is decoded: the pushes being decoded and queued never hold more than
+    /// `max_queued_bytes` between them, and one that alone would is refused.
+    async fn reserve(&self, what: &str, bytes: u64) -> Result<SemaphorePermit<'_>> {
         self.inner.check_writable()?;
-        let units =
-            (job.bytes() / BUDGET_UNIT).clamp(1, self.inner.cfg.max_queued_bytes / BUDGET_UNIT);
-        let _permit = self
-            .queue_budget
+        let max = self.inner.cfg.max_queued_bytes as u64;
+        if bytes > max {
+            return Err(EngineError::OverLimit {
+                what: format!("{what}, decoded to f32,"),
+                limit_name: "push queue's budget",
+                needed: bytes,
+                limit: max,
+                hint: "push fewer values per call",
+            });
+        }
+        let units = (bytes as usize / BUDGET_UNIT).clamp(1, (max as usize / BUDGET_UNIT).max(1));
+        self.queue_budget
             .acquire_many(u32::try_from(units).unwrap_or(u32::MAX))
             .await
-            .map_err(|_| EngineError::ShuttingDown)?;
+            .map_err(|_| EngineError::ShuttingDown)
+    }
+
+    /// Queues a validated push for the writer, holding its share of the queue's budget.
+    async fn push(&self, job: Job, _reserved: SemaphorePermit<'_>) -> Result<PushOutcome> {
+        self.inner.check_writable()?;
         self.submit(|r| Cmd::Push(job, r)).await
+    }
+}
+
+impl<S: Store> Inner<S> {
+    /// Why `name` is not among the loaded tables.
+    fn missing(&self, name: &TableName) -> EngineError {
+        match self.unloaded.read().get(name) {
+            Some(u) => EngineError::TableNotLoaded {
+                table: name.clone(),
+                cause: u.cause.clone(),
+            },
+            None => EngineError::NoSuchTable {
+                table: name.clone(),
+            },
+        }
+    }
+
+    /// Refuses `needed` more bytes of cells for `what` when the memory budget has no room.
+    fn check_memory(&self, what: impl FnOnce() -> String, needed: u64) -> Result<()> {
+        let used = self.memory_used.load(std::sync::atomic::Ordering::Relaxed);
+        let left = self.cfg.memory_budget.saturating_sub(used);
+        if needed > left {
+            return Err(EngineError::OverLimit {
+                what: what(),
+                limit_name: "shard's memory budget left",
+                needed,
+                limit: left,
+                hint: "drop tables, add shards, or raise --memory-budget-bytes",
+            });
+        }
+        Ok(())
     }
 }

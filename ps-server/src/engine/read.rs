@@ -50,6 +50,12 @@ impl<S: Store> Engine<S> {
         else {
             return Err(wrong_kind(&table));
         };
+        // The answer's size is known before any of it is allocated.
+        let answer = req.chunks.iter().fold(0u64, |n, &c| {
+            let len = shape.chunk_len(c).unwrap_or(0) as u64;
+            n.saturating_add(len * 4 + SLICE_OVERHEAD)
+        });
+        self.check_answer(&table, answer, "pull fewer chunks per call")?;
         let mut out = PulledDense {
             slices: Vec::with_capacity(req.chunks.len()),
             delta: Vec::new(),
@@ -102,6 +108,8 @@ impl<S: Store> Engine<S> {
             return Err(wrong_kind(&table));
         };
         self.check_ids(&table, &req.ids)?;
+        let answer = (req.ids.len() as u64).saturating_mul(*dim as u64 * 4);
+        self.check_answer(&table, answer, "pull fewer ids per call")?;
         let dim = *dim as usize;
         let mut buf = vec![0.0f32; req.ids.len() * dim];
         for (&id, out) in req.ids.iter().zip(buf.chunks_exact_mut(dim)) {
@@ -115,6 +123,26 @@ impl<S: Store> Engine<S> {
         let payload = Payload::encode_plain(&buf, req.accept);
         count_sent(&table, &payload);
         Ok(payload)
+    }
+}
+
+/// Bytes a dense answer's slice takes besides its values.
+const SLICE_OVERHEAD: u64 = 96;
+
+impl<S: Store> Engine<S> {
+    /// Refuses a pull whose answer would pass the answer limit.
+    fn check_answer(&self, table: &Table, bytes: u64, hint: &'static str) -> Result<()> {
+        let limit = self.inner.cfg.max_answer_bytes;
+        if bytes > limit {
+            return Err(EngineError::OverLimit {
+                what: format!("the answer to this pull of `{}`", table.spec.name),
+                limit_name: "answer limit",
+                needed: bytes,
+                limit,
+                hint,
+            });
+        }
+        Ok(())
     }
 }
 

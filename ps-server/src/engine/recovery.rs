@@ -4,13 +4,14 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use super::keys::{
     META_DEDUP, META_FLOOR, META_IDENTITY, META_LOG_POS, META_NEXT_ID, META_TABLE, StoredIdentity,
     StoredTable, be_u64, le_u64, read_f32s,
 };
-use super::table::{Cell, Table, TableData};
-use super::{EngineError, Inner, Result};
+use super::table::{Cell, Table, TableData, footprint};
+use super::{EngineError, Inner, Result, Unloaded};
 use crate::dense_log::Logged;
 use crate::store::{Cf, Store, StoreBatch, StoreError};
 
@@ -38,9 +39,30 @@ impl<S: Store> Inner<S> {
             stored.push(t);
             Ok(())
         })?;
+        // Tables load in the order they were created, each within what is left of the memory
+        // budget; one that does not fit stays in the store, unloaded, and the shard serves
+        // the rest (instead of failing to start, or dying of it, on every restart).
+        stored.sort_by_key(|t| t.id);
         for t in stored {
+            let needed = footprint(&t.spec, |chunk| self.owns_chunk(&t.spec, chunk));
+            let fits = needed.and_then(|n| {
+                self.check_memory(|| format!("table `{}` on this shard", t.spec.name), n)
+                    .map_err(|e| e.to_string())
+            });
+            if let Err(cause) = fits {
+                self.not_loaded(Table::new(t.id, t.spec, |_, _| false), cause);
+                continue;
+            }
             let table = self.new_table(t.id, t.spec);
-            self.load_cells(&table)?;
+            if let Err(cause) = self.load_cells(&table)? {
+                self.not_loaded(
+                    Table::new(table.id, table.spec.clone(), |_, _| false),
+                    cause,
+                );
+                continue;
+            }
+            self.memory_used
+                .fetch_add(table.memory_bytes(), Ordering::Relaxed);
             self.tables
                 .write()
                 .insert(table.spec.name.clone(), Arc::new(table));
@@ -113,7 +135,21 @@ impl<S: Store> Inner<S> {
         })
     }
 
-    fn load_cells(&self, table: &Table) -> Result<()> {
+    /// Whether this shard holds chunk `chunk` of the dense table `spec`.
+    pub(super) fn owns_chunk(&self, spec: &ps_core::TableSpec, chunk: u64) -> bool {
+        self.partitioner.shard_for_chunk(spec.name.hash64(), chunk) == self.cfg.shard_index
+    }
+
+    fn not_loaded(&self, table: Table, cause: String) {
+        tracing::error!(table = %table.spec.name, %cause, "table not loaded; the shard serves the others");
+        self.unloaded
+            .write()
+            .insert(table.spec.name.clone(), Unloaded { table, cause });
+    }
+
+    /// Loads a table's stored cells. `Ok(Err(cause))`: its sparse rows would pass the memory
+    /// budget (the rows read so far are dropped with the table).
+    fn load_cells(&self, table: &Table) -> Result<Result<(), String>> {
         let prefix = table.id.to_be_bytes();
         let dim = table.spec.row_dim();
         let shape = table.spec.dense_shape();
@@ -125,7 +161,8 @@ impl<S: Store> Inner<S> {
                 None => Ok(dim),
             }
         };
-        self.store.scan(Cf::Params, &prefix, &mut |k, v| {
+        let mut over_budget = None;
+        let scanned = self.store.scan(Cf::Params, &prefix, &mut |k, v| {
             let index = be_u64(k.get(4..).unwrap_or_default())?;
             let n = cell_len(index)?;
             match &table.data {
@@ -139,13 +176,25 @@ impl<S: Store> Inner<S> {
                     read_f32s(v, &mut cell.data[..n])
                 }
                 TableData::Sparse(rows) => {
+                    let rows_bytes = (rows.len() as u64 + 1) * table.row_bytes();
+                    if let Err(e) = self.check_memory(
+                        || format!("the stored rows of table `{}`", table.spec.name),
+                        rows_bytes,
+                    ) {
+                        over_budget = Some(e.to_string());
+                        return Err(StoreError::Corrupt(String::new()));
+                    }
                     let mut cell = Cell::fresh(&table.spec, table.hash, index, n);
                     read_f32s(v, &mut cell.data[..n])?;
                     rows.insert(index, cell);
                     Ok(())
                 }
             }
-        })?;
+        });
+        if let Some(cause) = over_budget {
+            return Ok(Err(cause));
+        }
+        scanned?;
         self.store.scan(Cf::Optim, &prefix, &mut |k, v| {
             let index = be_u64(k.get(4..).unwrap_or_default())?;
             let n = cell_len(index)?;
@@ -169,7 +218,7 @@ impl<S: Store> Inner<S> {
                 },
             }
         })?;
-        Ok(())
+        Ok(Ok(()))
     }
 
     /// Applies the dense-log records the stored cells do not cover, in order, through the
@@ -202,6 +251,12 @@ impl<S: Store> Inner<S> {
             .values()
             .map(|t| (t.id, t.clone()))
             .collect();
+        // The records of a table left unloaded are folded into its stored cells, read as
+        // records name them, so that nothing acknowledged is lost while it is not in memory.
+        let unloaded = self.unloaded.read();
+        let unloaded: HashMap<u32, &Table> =
+            unloaded.values().map(|u| (u.table.id, &u.table)).collect();
+        let mut folded: HashMap<(u32, u64), Cell> = HashMap::new();
         let mut dedup = self.dedup.lock();
         let mut batch = self.store.batch();
         let mut grad = Vec::new();
@@ -210,6 +265,12 @@ impl<S: Store> Inner<S> {
                 Logged::Pushes(pushes) => pushes,
                 Logged::Image(cells) => {
                     for c in cells {
+                        if let Some(table) = unloaded.get(&c.table_id) {
+                            let cell = self.folded_cell(&mut folded, table, c.index)?;
+                            read_f32s(c.data, &mut cell.data)?;
+                            cell.step = c.step;
+                            continue;
+                        }
                         // Cells of a table dropped since are skipped.
                         let Some(table) = by_id.get(&c.table_id) else {
                             continue;
@@ -234,6 +295,15 @@ impl<S: Store> Inner<S> {
                 }
             };
             for p in pushes {
+                if let Some(table) = unloaded.get(&p.table_id) {
+                    for &(index, data) in &p.chunks {
+                        let cell = self.folded_cell(&mut folded, table, index)?;
+                        let n = cell.data.len() / (1 + table.spec.optimizer.state_slots());
+                        grad.resize(n, 0.0);
+                        read_f32s(data, &mut grad)?;
+                        table.apply_grad(cell, &grad);
+                    }
+                }
                 // Records of a table dropped since are skipped; its cells are gone.
                 if let Some(table) = by_id.get(&p.table_id) {
                     let TableData::Dense(chunks) = &table.data else {
@@ -264,9 +334,58 @@ impl<S: Store> Inner<S> {
             Ok(())
         })?;
         drop(dedup);
+        if !folded.is_empty() {
+            // The folded cells, every loaded dense cell and the log position they all cover,
+            // in one write: a restart never replays a folded record twice.
+            let mut scratch = Vec::new();
+            for ((id, index), cell) in &folded {
+                unloaded[id].put_cell(*index, cell, &mut batch, &mut scratch);
+            }
+            tracing::warn!(
+                cells = folded.len(),
+                "dense-log records of unloaded tables folded into the store"
+            );
+            return self.snapshot_onto(log, batch).map(|()| records);
+        }
         if batch.size_bytes() > 0 {
             self.store.write(batch)?;
         }
         Ok(records)
+    }
+
+    /// The stored cell `index` of an unloaded dense table, read once into `folded`.
+    fn folded_cell<'a>(
+        &self,
+        folded: &'a mut HashMap<(u32, u64), Cell>,
+        table: &Table,
+        index: u64,
+    ) -> Result<&'a mut Cell> {
+        let n = table
+            .spec
+            .dense_shape()
+            .and_then(|s| s.chunk_len(index))
+            .ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "the dense log names chunk {index} of `{}`, which it does not have",
+                    table.spec.name
+                ))
+            })?;
+        let slot = match folded.entry((table.id, index)) {
+            std::collections::hash_map::Entry::Occupied(e) => return Ok(e.into_mut()),
+            std::collections::hash_map::Entry::Vacant(e) => e,
+        };
+        let mut cell = Cell::fresh(&table.spec, table.hash, index, n);
+        let k = table.key(index);
+        self.store.scan(Cf::Params, &k, &mut |_, v| {
+            read_f32s(v, &mut cell.data[..n])
+        })?;
+        self.store.scan(Cf::Optim, &k, &mut |_, v| {
+            if v.len() < 8 {
+                return Err(StoreError::Corrupt("optimizer state".into()));
+            }
+            cell.step = le_u64(&v[..8])?;
+            read_f32s(&v[8..], &mut cell.data[n..])
+        })?;
+        Ok(slot.insert(cell))
     }
 }

@@ -14,12 +14,22 @@ use crate::store::Store;
 /// registration task, which sets it, and the engine, which checks requests against it.
 #[derive(Debug, Default)]
 pub struct MapEpoch {
+    /// Whether a scheduler manages this shard (else the map is static, epoch 0 for ever).
+    managed: bool,
     epoch: AtomicU64,
     /// Woken when a request brings a newer epoch than `epoch`.
     behind: Notify,
 }
 
 impl MapEpoch {
+    /// The epoch of a shard that registers with a scheduler (`managed`) or has a static map.
+    pub fn new(managed: bool) -> Self {
+        Self {
+            managed,
+            ..Self::default()
+        }
+    }
+
     pub fn get(&self) -> u64 {
         self.epoch.load(Ordering::Acquire)
     }
@@ -57,7 +67,11 @@ impl<S: Store> Engine<S> {
             return Ok(());
         }
         if current == 0 {
-            return Err(EngineError::NotRegistered { request });
+            return Err(if self.inner.cfg.map_epoch.managed {
+                EngineError::NotRegistered { request }
+            } else {
+                EngineError::NoScheduler { request }
+            });
         }
         if request < current {
             return Err(EngineError::StaleMap { request, current });

@@ -167,8 +167,18 @@ impl<S: Store> Shard<S> {
             name: name.clone(),
             cause,
         };
+        // A checkpoint whose files do not match its manifest is refused as damaged before
+        // anything of the shard's state changes.
+        let dir = ckpt.clone();
+        let verified = tokio::task::spawn_blocking(move || checkpoint::verify(&dir))
+            .await
+            .map_err(|e| failed(format!("the verify task failed: {e}")))?
+            .map_err(|e| EngineError::CheckpointDamaged {
+                name: name.clone(),
+                cause: format!("{e:#}"),
+            })?;
         let (fresh, manifest) = tokio::task::spawn_blocking(move || {
-            let (db, manifest) = checkpoint::install_generation(&ckpt, &data_dir)?;
+            let (db, manifest) = checkpoint::install_generation(&ckpt, verified, &data_dir)?;
             let store = reopen(&db)?;
             let engine = Engine::open(store, cfg)?;
             anyhow::Ok((engine, manifest))

@@ -47,6 +47,39 @@ pub(super) enum TableData {
     Sparse(DashMap<u64, Cell, foldhash::fast::RandomState>),
 }
 
+/// Bytes a cell takes besides its values (map entry, lock, allocation).
+const CELL_OVERHEAD: u64 = 64;
+
+/// Most chunks a dense table may have: its cells are held one per chunk, so the count bounds
+/// the work and memory of creating it whatever the chunks' size.
+pub(super) const MAX_TABLE_CHUNKS: u64 = 1 << 24;
+
+/// Bytes one cell of `n` values of `spec` takes in memory.
+pub(super) fn cell_bytes(spec: &TableSpec, n: u64) -> u64 {
+    n * 4 * (1 + spec.optimizer.state_slots() as u64) + CELL_OVERHEAD
+}
+
+/// Bytes the dense chunks `owned` picks of `spec` take in memory; sparse tables start empty.
+/// A table of more than [`MAX_TABLE_CHUNKS`] chunks is refused before any is counted.
+pub(super) fn footprint(spec: &TableSpec, owned: impl Fn(u64) -> bool) -> Result<u64, String> {
+    let TableKind::Dense(shape) = &spec.kind else {
+        return Ok(0);
+    };
+    let chunks = shape.num_chunks();
+    if chunks > MAX_TABLE_CHUNKS {
+        return Err(format!(
+            "{chunks} chunks of {} values; a table may have at most {MAX_TABLE_CHUNKS} (use a \
+             larger chunk_elems)",
+            shape.chunk_elems
+        ));
+    }
+    Ok((0..chunks)
+        .filter(|&c| owned(c))
+        .filter_map(|c| shape.chunk_len(c))
+        .map(|n| cell_bytes(spec, n as u64))
+        .sum())
+}
+
 #[derive(Debug, Default)]
 pub(super) struct TableCounters {
     pub(super) pushes: AtomicU64,
@@ -64,6 +97,8 @@ pub struct Table {
     pub(super) data: TableData,
     pub(super) dropped: AtomicBool,
     pub(super) counters: TableCounters,
+    /// Bytes of the dense cells this shard holds (fixed at creation).
+    dense_bytes: u64,
 }
 
 impl Table {
@@ -85,11 +120,22 @@ impl Table {
                 TableData::Sparse(DashMap::with_hasher(foldhash::fast::RandomState::default()))
             }
         };
+        let dense_bytes = match &data {
+            TableData::Dense(chunks) => chunks
+                .values()
+                .map(|c| {
+                    let values = c.read().data.len() / (1 + spec.optimizer.state_slots());
+                    cell_bytes(&spec, values as u64)
+                })
+                .sum(),
+            TableData::Sparse(_) => 0,
+        };
         Self {
             id,
             spec,
             hash,
             data,
+            dense_bytes,
             dropped: AtomicBool::new(false),
             counters: TableCounters::default(),
         }
@@ -117,7 +163,22 @@ impl Table {
             pulls: self.counters.pulls.load(Ordering::Relaxed),
             values_pushed: self.counters.values_pushed.load(Ordering::Relaxed),
             values_pulled: self.counters.values_pulled.load(Ordering::Relaxed),
+            load_error: String::new(),
+            memory_bytes: self.memory_bytes(),
         }
+    }
+
+    /// Bytes this table's cells take on this shard.
+    pub fn memory_bytes(&self) -> u64 {
+        match &self.data {
+            TableData::Dense(_) => self.dense_bytes,
+            TableData::Sparse(rows) => rows.len() as u64 * self.row_bytes(),
+        }
+    }
+
+    /// Bytes one sparse row takes in memory.
+    pub(super) fn row_bytes(&self) -> u64 {
+        cell_bytes(&self.spec, self.spec.row_dim() as u64)
     }
 
     /// Rows (sparse) or chunks (dense) stored on this shard.

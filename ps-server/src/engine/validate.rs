@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use ps_core::request::DenseSlice;
 use ps_core::{NonFinitePolicy, Payload, PushDense, PushSparse, TableKind, ValidationError};
 
-use super::table::Table;
+use super::table::{Table, TableData};
 use super::{Engine, EngineError, Job, PushOutcome, Result};
 use crate::metrics as m;
 use crate::store::Store;
@@ -46,8 +46,13 @@ impl<S: Store> Engine<S> {
     pub async fn push_dense(&self, mut req: PushDense) -> Result<PushOutcome> {
         let table = self.table(&req.table)?;
         self.check_epoch(req.map_epoch)?;
-        self.check_dense_slices(&table, &mut req.slices)?;
-        self.push(Job::Dense(table, req)).await
+        // What the payloads claim is checked against the table's chunks before any is
+        // decoded, and their decoded size against the queue's budget before it is allocated.
+        let values = (req.slices.iter()).fold(0u64, |n, s| n.saturating_add(s.values.len() as u64));
+        let reserved = self.reserve("the push", values.saturating_mul(4)).await?;
+        self.check_dense_slices(&table, &req.slices)?;
+        decode_dense_slices(&table, &mut req.slices)?;
+        self.push(Job::Dense(table, req), reserved).await
     }
 
     /// Validates a sparse push against its table and this shard, then has the writer apply it.
@@ -60,6 +65,10 @@ impl<S: Store> Engine<S> {
         let dim = dim as usize;
         req.check_dim(dim)?;
         self.check_ids(&table, &req.ids)?;
+        self.check_new_rows(&table, &req.ids)?;
+        let reserved = self
+            .reserve("the push", (req.values.len() as u64).saturating_mul(4))
+            .await?;
         req.values = decode_received(&table, "values", &req.values)?;
         if table.spec.non_finite == NonFinitePolicy::Reject
             && let Some(i) = req.values.first_non_finite()
@@ -75,12 +84,34 @@ impl<S: Store> Engine<S> {
                 unit: "rows",
             });
         }
-        self.push(Job::Sparse(table, req)).await
+        self.push(Job::Sparse(table, req), reserved).await
     }
 
-    /// Checks every slice against the table's chunks and this shard, and decodes it (a slice
-    /// that does not decode exactly refuses the whole push).
-    fn check_dense_slices(&self, table: &Table, slices: &mut [DenseSlice]) -> Result<()> {
+    /// Refuses a sparse push whose new rows would pass the memory budget. Rows are counted
+    /// only when all of the push's ids being new would not fit.
+    fn check_new_rows(&self, table: &Table, ids: &[u64]) -> Result<()> {
+        let TableData::Sparse(rows) = &table.data else {
+            return Ok(());
+        };
+        let inner = &self.inner;
+        let row = table.row_bytes();
+        let all_new = ids.len() as u64 * row;
+        if inner.check_memory(String::new, all_new).is_ok() {
+            return Ok(());
+        }
+        let fresh: HashSet<u64> = ids
+            .iter()
+            .copied()
+            .filter(|id| !rows.contains_key(id))
+            .collect();
+        inner.check_memory(
+            || format!("{} new rows of table `{}`", fresh.len(), table.spec.name),
+            fresh.len() as u64 * row,
+        )
+    }
+
+    /// Checks every slice against the table's chunks and this shard.
+    fn check_dense_slices(&self, table: &Table, slices: &[DenseSlice]) -> Result<()> {
         let TableKind::Dense(shape) = &table.spec.kind else {
             return Err(wrong_kind(table));
         };
@@ -88,7 +119,7 @@ impl<S: Store> Engine<S> {
             return Err(ValidationError::new("slices", "the push holds no slices").into());
         }
         let mut seen = HashSet::new();
-        for (i, s) in slices.iter_mut().enumerate() {
+        for (i, s) in slices.iter().enumerate() {
             let field = format!("slices[{i}]");
             let mut chunk = s.chunk;
             let mut covered = 0usize;
@@ -118,20 +149,30 @@ impl<S: Store> Engine<S> {
                 )
                 .into());
             }
-            s.values = decode_received(table, &format!("{field}.values"), &s.values)?;
-            if table.spec.non_finite == NonFinitePolicy::Reject
-                && let Some(j) = s.values.first_non_finite()
-            {
-                return Err(EngineError::NonFinite {
-                    table: table.spec.name.clone(),
-                    at: format!(
-                        "{field} at element {} of the tensor",
-                        s.chunk * shape.chunk_elems + j as u64
-                    ),
-                    unit: "chunks",
-                });
-            }
         }
         Ok(())
     }
+}
+
+/// Decodes every slice of a checked push to f32 (a slice that does not decode exactly refuses
+/// the whole push) and applies the table's rule for NaN and infinity.
+fn decode_dense_slices(table: &Table, slices: &mut [DenseSlice]) -> Result<()> {
+    let chunk_elems = table.spec.dense_shape().map_or(1, |s| s.chunk_elems);
+    for (i, s) in slices.iter_mut().enumerate() {
+        let field = format!("slices[{i}]");
+        s.values = decode_received(table, &format!("{field}.values"), &s.values)?;
+        if table.spec.non_finite == NonFinitePolicy::Reject
+            && let Some(j) = s.values.first_non_finite()
+        {
+            return Err(EngineError::NonFinite {
+                table: table.spec.name.clone(),
+                at: format!(
+                    "{field} at element {} of the tensor",
+                    s.chunk * chunk_elems + j as u64
+                ),
+                unit: "chunks",
+            });
+        }
+    }
+    Ok(())
 }

@@ -314,9 +314,15 @@ impl<S: Store> Inner<S> {
                 out.skipped_non_finite += 1;
                 continue;
             }
-            let mut cell = rows
-                .entry(id)
-                .or_insert_with(|| Cell::fresh(&table.spec, table.hash, id, dim));
+            let mut added = false;
+            let mut cell = rows.entry(id).or_insert_with(|| {
+                added = true;
+                Cell::fresh(&table.spec, table.hash, id, dim)
+            });
+            if added {
+                self.memory_used
+                    .fetch_add(table.row_bytes(), std::sync::atomic::Ordering::Relaxed);
+            }
             update_cell(table, id, &mut cell, g, batch, &mut scratch);
             out.applied_values += dim as u64;
         }

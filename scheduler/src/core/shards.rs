@@ -19,32 +19,48 @@ impl Scheduler {
         endpoint: String,
     ) -> Result<(u64, Duration)> {
         let lease = self.inner.cfg.lease;
+        check_registration(index, num_shards, virtual_nodes, &endpoint)?;
+        // A new address must answer before it is published to every worker.
+        let known = {
+            let st = self.inner.state.lock();
+            st.cluster.known.get(index as usize) == Some(&endpoint)
+        };
+        if !known {
+            probe(&endpoint).await?;
+        }
         let epoch = {
             let mut st = self.inner.state.lock();
+            let now = Instant::now();
             let c = &mut st.cluster;
-            if num_shards == 0 || index >= num_shards {
-                return Err(ValidationError::new(
-                    "shard_index",
-                    format!("shard index {index} is not below the shard count {num_shards}"),
-                )
-                .into());
-            }
             if c.num_shards != 0 && (c.num_shards != num_shards || c.virtual_nodes != virtual_nodes)
             {
-                return Err(SchedError::ShardConflict {
-                    index,
-                    shards: c.num_shards,
-                    vnodes: c.virtual_nodes,
-                    its_shards: num_shards,
-                    its_vnodes: virtual_nodes,
-                });
+                // The cluster's shape holds while a shard registered under it is alive; once
+                // none is (a shard that registered by mistake and went away), the first live
+                // registration decides it again.
+                if c.shards.iter().flatten().any(|m| m.lease_until > now) {
+                    return Err(SchedError::ShardConflict {
+                        index,
+                        shards: c.num_shards,
+                        vnodes: c.virtual_nodes,
+                        its_shards: num_shards,
+                        its_vnodes: virtual_nodes,
+                    });
+                }
+                tracing::warn!(
+                    was = c.num_shards,
+                    now = num_shards,
+                    "no shard of the cluster's shape is alive; the cluster takes the new one"
+                );
+                c.shards.clear();
+                c.known.clear();
+                c.epoch += 1;
             }
             c.num_shards = num_shards;
             c.virtual_nodes = virtual_nodes;
             c.shards.resize(num_shards as usize, None);
             c.shards[index as usize] = Some(ShardMember {
                 endpoint: endpoint.clone(),
-                lease_until: Instant::now() + lease,
+                lease_until: now + lease,
             });
             c.known.resize(num_shards as usize, String::new());
             // A shard coming back at the same address changes no route: same epoch. A new
@@ -111,5 +127,66 @@ impl Scheduler {
                 action: "reaching the shards",
                 cause: e.to_string(),
             })
+    }
+}
+
+/// Bounds and form of a shard's registration, checked before anything is allocated for it.
+fn check_registration(index: u32, num_shards: u32, vnodes: u32, endpoint: &str) -> Result<()> {
+    use ps_core::job::MAX_SHARDS;
+    use ps_core::partition::MAX_VIRTUAL_NODES;
+    let bad = |field: &str, why: String| Err(ValidationError::new(field, why).into());
+    if num_shards == 0 || num_shards > MAX_SHARDS {
+        return bad(
+            "num_shards",
+            format!("must be in 1..={MAX_SHARDS}, got {num_shards}"),
+        );
+    }
+    if index >= num_shards {
+        return bad(
+            "shard_index",
+            format!("shard index {index} is not below the shard count {num_shards}"),
+        );
+    }
+    if vnodes == 0 || vnodes > MAX_VIRTUAL_NODES {
+        return bad(
+            "virtual_nodes",
+            format!("must be in 1..={MAX_VIRTUAL_NODES}, got {vnodes}"),
+        );
+    }
+    if endpoint.len() > 512 {
+        return bad(
+            "endpoint",
+            format!("{} bytes; the limit is 512", endpoint.len()),
+        );
+    }
+    match endpoint.parse::<tonic::transport::Uri>() {
+        Ok(u) if matches!(u.scheme_str(), Some("http" | "https")) && u.port_u16().is_some() => {
+            Ok(())
+        }
+        _ => bad(
+            "endpoint",
+            format!("`{endpoint}` is not an http(s)://host:port URL"),
+        ),
+    }
+}
+
+/// Whether a shard's advertised endpoint accepts connections (within two seconds).
+async fn probe(endpoint: &str) -> Result<()> {
+    let unreachable = |cause: String| SchedError::Unreachable {
+        endpoint: endpoint.to_owned(),
+        cause,
+    };
+    let uri: tonic::transport::Uri = endpoint.parse().map_err(|e| unreachable(format!("{e}")))?;
+    let host = uri.host().unwrap_or_default().trim_matches(['[', ']']);
+    let port = uri.port_u16().unwrap_or(80);
+    match tokio::time::timeout(
+        Duration::from_secs(2),
+        tokio::net::TcpStream::connect((host, port)),
+    )
+    .await
+    {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(unreachable(e.to_string())),
+        Err(_) => Err(unreachable("no answer within 2 s".into())),
     }
 }

@@ -62,6 +62,7 @@ impl Scheduler {
         let mut create = Vec::new();
         let mut due = Vec::new();
         for job in jobs.values_mut() {
+            let mut lost_worker = false;
             let expired: Vec<WorkerId> = job
                 .workers
                 .iter()
@@ -77,8 +78,9 @@ impl Scheduler {
                 job.remove(w);
                 m::live_workers(job.name(), job.live().len());
                 *dirty = true;
+                lost_worker = true;
             }
-            if lost_shard {
+            if lost_shard || lost_worker {
                 job.refresh(cluster);
             }
             if !job.state.is_terminal()

@@ -15,13 +15,26 @@ impl Scheduler {
         let default_lease = self.inner.cfg.lease;
         let joined = {
             let mut st = self.inner.state.lock();
+            let known = match st.jobs.get(job) {
+                Some(j) => id != 0 && j.workers.contains_key(&id),
+                None => return Err(SchedError::no_such_job(job)),
+            };
+            // Ids are the scheduler's to issue, one after another, never reused: a join under
+            // an id is a member taken up again, and an id the job never had is refused.
             let id = if id == 0 {
                 let id = st.next_worker_id;
-                st.next_worker_id += 1;
+                st.next_worker_id = id.checked_add(1).ok_or_else(|| SchedError::Storage {
+                    what: "issuing a worker id",
+                    cause: "every worker id has been issued".into(),
+                })?;
+                id
+            } else if known {
                 id
             } else {
-                st.next_worker_id = st.next_worker_id.max(id + 1);
-                id
+                return Err(SchedError::UnknownWorker {
+                    job: job.to_owned(),
+                    worker: id,
+                });
             };
             st.dirty = true;
             let State { cluster, jobs, .. } = &mut *st;
@@ -66,9 +79,10 @@ impl Scheduler {
     }
 
     pub fn leave(&self, job: &str, id: WorkerId) -> Result<()> {
-        self.with_job(job, |j, _| {
+        self.with_job(job, |j, c| {
             j.member(id)?;
             j.remove(id);
+            j.refresh(c);
             m::live_workers(job, j.live().len());
             Ok::<_, SchedError>(())
         })??;

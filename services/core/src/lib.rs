@@ -92,6 +92,19 @@ pub mod wire {
         pub const CHECKPOINT_EXISTS: &str = "CHECKPOINT_EXISTS";
         /// A request over the server's size limit (`limit_bytes`).
         pub const REQUEST_TOO_LARGE: &str = "REQUEST_TOO_LARGE";
+        /// The call would take more memory than the service holds for it (`resource`,
+        /// `needed_bytes`, `limit_bytes`): a table over the shard's memory budget, a pull
+        /// whose answer is over the answer limit, a push that decodes to more than the queue
+        /// holds. Ask for less per call, or raise the limit.
+        pub const RESOURCE_LIMIT: &str = "RESOURCE_LIMIT";
+        /// The shard found the table in its store but could not load it at start-up
+        /// (`table`): drop it, or restart the shard with more memory.
+        pub const TABLE_NOT_LOADED: &str = "TABLE_NOT_LOADED";
+        /// A request routed with a shard-map epoch to a shard that no scheduler manages
+        /// (`request_epoch`): route with epoch 0, or start the shard with --scheduler.
+        pub const NO_SCHEDULER: &str = "NO_SCHEDULER";
+        /// A checkpoint whose files do not match its manifest (`checkpoint`).
+        pub const CHECKPOINT_DAMAGED: &str = "CHECKPOINT_DAMAGED";
         /// A bulk-stream call the stream does not carry (encoded payloads, delta pulls,
         /// unknown methods): use gRPC.
         pub const NOT_ON_BULK_STREAM: &str = "NOT_ON_BULK_STREAM";
@@ -110,6 +123,8 @@ pub mod wire {
         pub const CLOCK_OUT_OF_ORDER: &str = "CLOCK_OUT_OF_ORDER";
         /// A shard registration (or a checkpoint) that contradicts the cluster (`shard`).
         pub const SHARD_CONFLICT: &str = "SHARD_CONFLICT";
+        /// A shard registered an address the scheduler cannot connect to (`endpoint`).
+        pub const SHARD_UNREACHABLE: &str = "SHARD_UNREACHABLE";
         /// A heartbeat of a shard the scheduler does not know (`shard`): register again.
         pub const SHARD_NOT_REGISTERED: &str = "SHARD_NOT_REGISTERED";
         /// The scheduler cannot reach every shard (`action`): retry.

@@ -9,6 +9,8 @@ use crate::hash::{combine, mix64};
 
 /// Virtual nodes per shard on the ring unless configured otherwise.
 pub const DEFAULT_VIRTUAL_NODES: u32 = 128;
+/// Most virtual nodes per shard a cluster may use (the ring holds shards × virtual nodes).
+pub const MAX_VIRTUAL_NODES: u32 = 4096;
 
 /// Routes keys to shards. Cheap to clone; immutable once built.
 #[derive(Debug, Clone, PartialEq, Eq)]

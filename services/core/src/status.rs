@@ -176,6 +176,10 @@ pub struct TableStats {
     pub pulls: u64,
     pub values_pushed: u64,
     pub values_pulled: u64,
+    /// Why the shard could not load this table at start-up (empty: loaded).
+    pub load_error: String,
+    /// Bytes the table's cells take on this shard.
+    pub memory_bytes: u64,
 }
 
 /// A shard's counters.
@@ -192,6 +196,9 @@ pub struct ShardStats {
     pub tables: Vec<TableStats>,
     /// Calls answered on the bulk stream.
     pub bulk_calls: u64,
+    /// Memory the tables' cells take, and the budget they are held within.
+    pub memory_bytes: u64,
+    pub memory_budget_bytes: u64,
 }
 
 // Wire conversions: to the wire for the services, from it (checked) for the SDK.
@@ -391,6 +398,8 @@ impl From<TableStats> for pb::TableStats {
             pulls: t.pulls,
             values_pushed: t.values_pushed,
             values_pulled: t.values_pulled,
+            load_error: t.load_error,
+            memory_bytes: t.memory_bytes,
         }
     }
 }
@@ -404,6 +413,8 @@ impl From<pb::TableStats> for TableStats {
             pulls: t.pulls,
             values_pushed: t.values_pushed,
             values_pulled: t.values_pulled,
+            load_error: t.load_error,
+            memory_bytes: t.memory_bytes,
         }
     }
 }
@@ -421,6 +432,8 @@ impl From<ShardStats> for pb::GetStatsResponse {
             live_data_bytes: s.live_data_bytes,
             tables: s.tables.into_iter().map(Into::into).collect(),
             bulk_calls: s.bulk_calls,
+            memory_bytes: s.memory_bytes,
+            memory_budget_bytes: s.memory_budget_bytes,
         }
     }
 }
@@ -438,6 +451,8 @@ impl From<pb::GetStatsResponse> for ShardStats {
             live_data_bytes: s.live_data_bytes,
             tables: s.tables.into_iter().map(Into::into).collect(),
             bulk_calls: s.bulk_calls,
+            memory_bytes: s.memory_bytes,
+            memory_budget_bytes: s.memory_budget_bytes,
         }
     }
 }
