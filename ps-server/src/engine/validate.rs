@@ -63,6 +63,9 @@ impl<S: Store> Engine<S> {
             return Err(wrong_kind(&table));
         };
         let dim = dim as usize;
+        if req.ids.is_empty() {
+            return Err(ValidationError::new("ids", "the push holds no ids").into());
+        }
         req.check_dim(dim)?;
         self.check_ids(&table, &req.ids)?;
         self.check_new_rows(&table, &req.ids)?;

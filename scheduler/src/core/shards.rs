@@ -20,10 +20,27 @@ impl Scheduler {
     ) -> Result<(u64, Duration)> {
         let lease = self.inner.cfg.lease;
         check_registration(index, num_shards, virtual_nodes, &endpoint)?;
-        // A new address must answer before it is published to every worker.
+        // A shape that contradicts the live cluster is refused first; a new address must
+        // answer before it is published to every worker.
         let known = {
             let st = self.inner.state.lock();
-            st.cluster.known.get(index as usize) == Some(&endpoint)
+            let c = &st.cluster;
+            if c.num_shards != 0
+                && (c.num_shards != num_shards || c.virtual_nodes != virtual_nodes)
+                && c.shards
+                    .iter()
+                    .flatten()
+                    .any(|m| m.lease_until > Instant::now())
+            {
+                return Err(SchedError::ShardConflict {
+                    index,
+                    shards: c.num_shards,
+                    vnodes: c.virtual_nodes,
+                    its_shards: num_shards,
+                    its_vnodes: virtual_nodes,
+                });
+            }
+            c.known.get(index as usize) == Some(&endpoint)
         };
         if !known {
             probe(&endpoint).await?;

@@ -136,6 +136,19 @@ impl JobSpec {
                 ));
             }
         }
+        // The model and the dataset are the workers' to interpret; the scheduler only keeps
+        // them, so they are bounded and printable.
+        for (field, v) in [("model", &self.model), ("dataset", &self.dataset)] {
+            if v.len() > 256 || v.chars().any(char::is_control) {
+                return Err(ValidationError::new(
+                    field,
+                    format!(
+                        "must be at most 256 bytes with no control characters, got {} bytes",
+                        v.len()
+                    ),
+                ));
+            }
+        }
         if self.balance_batches && self.global_batch == 0 {
             return Err(ValidationError::new(
                 "balance_batches",

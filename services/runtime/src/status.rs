@@ -11,6 +11,24 @@ use ps_core::wire::{ERROR_DOMAIN, reason};
 use tonic::{Code, Status};
 use tonic_types::{ErrorDetails, StatusExt};
 
+/// Longest message a status carries, and longest metadata value: a status travels in HTTP/2
+/// headers, which clients cap (16 KiB by default), and a message quoting a 10 KB name sent by
+/// the caller must not turn a refusal into a protocol error.
+const MAX_MESSAGE: usize = 1024;
+const MAX_VALUE: usize = 256;
+
+/// `s` cut to at most `max` bytes on a character boundary, marked when cut.
+fn bounded(s: String, max: usize) -> String {
+    if s.len() <= max {
+        return s;
+    }
+    let mut end = max;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes in all)", &s[..end], s.len())
+}
+
 /// A status with `code`, `message` and an `ErrorInfo` of `reason` and `metadata`.
 pub fn refusal<'a>(
     code: Code,
@@ -20,11 +38,11 @@ pub fn refusal<'a>(
 ) -> Status {
     let metadata: HashMap<String, String> = metadata
         .into_iter()
-        .map(|(k, v)| (k.to_owned(), v))
+        .map(|(k, v)| (k.to_owned(), bounded(v, MAX_VALUE)))
         .collect();
     Status::with_error_details(
         code,
-        message,
+        bounded(message.into(), MAX_MESSAGE),
         ErrorDetails::with_error_info(reason, ERROR_DOMAIN, metadata),
     )
 }
@@ -32,13 +50,18 @@ pub fn refusal<'a>(
 /// `invalid_argument` for a field of a request, with `ErrorInfo` (`INVALID_FIELD`, `field`)
 /// and a `BadRequest` naming the field.
 pub fn invalid_field(e: &ValidationError) -> Status {
+    let field = bounded(e.field.clone(), MAX_VALUE);
     let mut details = ErrorDetails::with_error_info(
         reason::INVALID_FIELD,
         ERROR_DOMAIN,
-        HashMap::from([("field".to_owned(), e.field.clone())]),
+        HashMap::from([("field".to_owned(), field.clone())]),
     );
-    details.add_bad_request_violation(e.field.clone(), e.reason.clone());
-    Status::with_error_details(Code::InvalidArgument, e.to_string(), details)
+    details.add_bad_request_violation(field, bounded(e.reason.clone(), MAX_MESSAGE));
+    Status::with_error_details(
+        Code::InvalidArgument,
+        bounded(e.to_string(), MAX_MESSAGE),
+        details,
+    )
 }
 
 /// The `ErrorInfo` reason of a status from one of the services, if it carries one.
@@ -72,5 +95,26 @@ mod tests {
         let info = s.get_details_error_info().unwrap();
         assert_eq!(info.metadata["request_epoch"], "3");
         assert_eq!(reason_of(&Status::internal("plain")), None);
+    }
+
+    #[test]
+    fn a_long_message_or_value_is_cut_to_fit_the_headers() {
+        let name = "é".repeat(6000);
+        let s = refusal(
+            Code::NotFound,
+            reason::JOB_NOT_FOUND,
+            format!("no job `{name}`"),
+            [("job", name.clone())],
+        );
+        assert!(
+            s.message().len() < MAX_MESSAGE + 64,
+            "{}",
+            s.message().len()
+        );
+        assert!(s.message().ends_with("bytes in all)"));
+        let info = s.get_details_error_info().unwrap();
+        assert!(info.metadata["job"].len() < MAX_VALUE + 64);
+        let s = invalid_field(&ValidationError::new("name", name));
+        assert!(s.message().len() < MAX_MESSAGE + 64);
     }
 }
