@@ -197,14 +197,32 @@ async fn call<S: Store>(
                 }
             };
             // The body's share of the budget across connections, before it is read; held
-            // until the push is answered.
+            // until the push is answered. A call that cannot have it within the call timeout
+            // (other calls hold it) is answered `unavailable`, to be retried, its body dropped.
             let len = head.body_len as usize;
             let units = (len / BUDGET_UNIT).clamp(1, limits.budget_bytes / BUDGET_UNIT);
-            let _held = limits
+            let share = limits
                 .budget
-                .acquire_many(u32::try_from(units).unwrap_or(u32::MAX))
-                .await
-                .map_err(|_| io::Error::other("the bulk budget is closed"))?;
+                .acquire_many(u32::try_from(units).unwrap_or(u32::MAX));
+            let _held = match tokio::time::timeout(timeout, share).await {
+                Ok(held) => held.map_err(|_| io::Error::other("the bulk budget is closed"))?,
+                Err(_) => {
+                    discard(sock, head.body_len, timeout).await?;
+                    return Ok(Err(refusal(
+                        Code::Unavailable,
+                        reason::RESOURCE_LIMIT,
+                        format!(
+                            "the bulk stream's budget of {} bytes is held by other calls; retry",
+                            limits.budget_bytes
+                        ),
+                        [
+                            ("resource", "bulk stream budget".to_owned()),
+                            ("needed_bytes", len.to_string()),
+                            ("limit_bytes", limits.budget_bytes.to_string()),
+                        ],
+                    )));
+                }
+            };
             let body = read_body(sock, len, timeout).await?;
             bulk::put_slice_data(&mut req.slices, body);
             Ok(svc

@@ -631,3 +631,253 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// A stored table the shard cannot hold within its memory budget (started again with a smaller
+/// one) is left unloaded instead of failing the start or killing the shard: the other tables
+/// are served, the table is reported with why, calls on it are refused, and the pushes it took
+/// before kill -9 (still in the dense log) are folded into the store, so that a restart with
+/// room loads it whole. Dropping it while unloaded removes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_over_the_memory_budget_is_left_unloaded_and_loses_nothing() {
+    use ps_core::wire::reason;
+    use ps_runtime::status::reason_of;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let mut server = spawn(&data, "127.0.0.1:0", &[]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    let big = TableSpec::dense("big", &[1 << 20])
+        .and_then(|t| t.with_chunk_elems(1 << 16))
+        .and_then(|t| t.with_optimizer(Optimizer::adam(0.01)))
+        .unwrap();
+    let small = TableSpec::dense("small", &[8])
+        .and_then(|t| t.with_optimizer(Optimizer::sgd(1.0)))
+        .unwrap();
+    ps.create_table(big.clone()).await.unwrap();
+    ps.create_table(small.clone()).await.unwrap();
+    let grad: Vec<f32> = (0..1 << 20).map(|i| (i % 7) as f32 - 3.0).collect();
+    for _ in 0..3 {
+        ps.push_dense("big", &grad).await.unwrap();
+    }
+    ps.push_dense("small", &[1.0; 8]).await.unwrap();
+    let want_big = ps.pull_dense("big").await.unwrap();
+    // The pushes are in the dense log, not yet in the store's cells.
+    server.svc.kill();
+
+    // 12 MiB: room for `small`, not for `big` (4 MiB of values and 8 MiB of Adam's state).
+    let budget = (12 << 20).to_string();
+    let server = spawn(&data, "127.0.0.1:0", &["--memory-budget-bytes", &budget]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    assert_eq!(ps.pull_dense("small").await.unwrap(), vec![-1.0; 8]);
+    let stats = ps.stats().await.unwrap();
+    let row = |name: &str| {
+        stats[0]
+            .tables
+            .iter()
+            .find(|t| t.name == name)
+            .cloned()
+            .unwrap()
+    };
+    assert!(
+        row("big").load_error.contains("memory budget"),
+        "{:?}",
+        row("big")
+    );
+    assert_eq!(row("small").load_error, "");
+    assert!(stats[0].memory_bytes <= 12 << 20 && stats[0].memory_bytes > 0);
+    let mut raw = raw_client(&server.addr).await;
+    let refused = raw
+        .pull_dense(ps_proto::v1::PullDenseRequest {
+            table: "big".into(),
+            chunks: vec![0],
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused}");
+    assert_eq!(
+        reason_of(&refused).as_deref(),
+        Some(reason::TABLE_NOT_LOADED)
+    );
+    let refused = ps.create_table(big.clone()).await.unwrap_err();
+    assert_eq!(
+        refused.reason(),
+        Some(reason::TABLE_NOT_LOADED),
+        "{refused}"
+    );
+    // A table that cannot be held is refused at create, and nothing of it is committed.
+    let too_big = TableSpec::dense("too-big", &[1 << 22]).unwrap();
+    let refused = ps.create_table(too_big).await.unwrap_err();
+    assert_eq!(refused.reason(), Some(reason::RESOURCE_LIMIT), "{refused}");
+    // A clean stop snapshots the loaded cells and moves the log's start past every record:
+    // `big`'s records must be in the store by then.
+    let stopped = server.svc.stop(Duration::from_secs(30)).await;
+    assert!(stopped.is_some_and(|s| s.success()));
+
+    // With room, `big` loads with every push it took.
+    let mut server = spawn(&data, "127.0.0.1:0", &[]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    assert_eq!(ps.pull_dense("big").await.unwrap(), want_big);
+    let names: Vec<String> = ps
+        .list_tables()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["big", "small"]);
+    server.svc.kill();
+
+    // Dropped while unloaded, it is gone.
+    let mut server = spawn(&data, "127.0.0.1:0", &["--memory-budget-bytes", &budget]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    ps.drop_table("big").await.unwrap();
+    server.svc.kill();
+    let server = spawn(&data, "127.0.0.1:0", &[]).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    let names: Vec<String> = ps
+        .list_tables()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["small"]);
+    assert_eq!(ps.stats().await.unwrap()[0].tables.len(), 1);
+}
+
+/// The resident memory of process `pid`, in bytes.
+fn rss(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .unwrap()
+        * 1024
+}
+
+/// Twenty bulk senders that each announce a 48 MiB push, send half of it and stall hold no
+/// more than the bulk stream's budget across connections (480 MB without it), and are closed once they have sent nothing for the call timeout; the stream then
+/// serves well-formed calls as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_bulk_senders_hold_no_more_than_the_budget_and_are_closed() {
+    use prost::Message;
+    use ps_proto::bulk;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shard.toml");
+    std::fs::write(
+        &config,
+        "bulk_frame_timeout_ms = 2000\nbulk_budget_bytes = 134217728\n",
+    )
+    .unwrap();
+    let mut server = spawn(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    let t = TableSpec::dense("t", &[1 << 24])
+        .and_then(|t| t.with_chunk_elems(1 << 20))
+        .unwrap();
+    ps.create_table(t).await.unwrap();
+    ps.push_dense("t", &vec![1.0; 1 << 24]).await.unwrap();
+    let applied = ps.stats().await.unwrap()[0].pushes_applied;
+    let bulk_addr = {
+        let mut raw = raw_client(&server.addr).await;
+        let info = raw
+            .shard_info(ps_proto::v1::ShardInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        format!("127.0.0.1:{}", info.bulk_port)
+    };
+    let pid = server.svc.id();
+    let before = rss(pid);
+
+    // 48 MiB: under the request limit (64 MiB), so the shard reads it rather than refusing.
+    let body: u64 = 48 << 20;
+    let header = ps_proto::v1::PushDenseRequest {
+        table: "t".into(),
+        push_id: only_push(5, 1),
+        map_epoch: 0,
+        slices: vec![ps_proto::v1::DenseSlice {
+            chunk: 0,
+            values: Some(ps_core::Payload::from_f32(&[]).into()),
+        }],
+    };
+    let mut header = header;
+    header.slices[0].values.as_mut().unwrap().num_values = body / 4;
+    let header = header.encode_to_vec();
+    let head = bulk::Head {
+        kind: bulk::PUSH_DENSE,
+        header_len: header.len() as u32,
+        body_len: body,
+    };
+    let half = vec![0u8; (body / 2) as usize];
+    let senders: Vec<_> = (0..20)
+        .map(|_| {
+            let (addr, header, half) = (bulk_addr.clone(), header.clone(), half.clone());
+            tokio::spawn(async move {
+                let mut sock = tokio::net::TcpStream::connect(addr).await.unwrap();
+                sock.write_all(&head.encode()).await.unwrap();
+                sock.write_all(&header).await.unwrap();
+                // Half the body, then nothing: a sender the shard is not reading from yet
+                // blocks here, with the rest in the sockets' buffers.
+                let _ = tokio::time::timeout(Duration::from_secs(4), sock.write_all(&half)).await;
+                // The shard closes the stalled call: the read ends (0 bytes or an error).
+                let mut one = [0u8; 1];
+                tokio::time::timeout(Duration::from_secs(20), sock.read(&mut one))
+                    .await
+                    .is_ok()
+            })
+        })
+        .collect();
+    let mut peak = before;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(4) {
+        peak = peak.max(rss(pid));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for s in senders {
+        assert!(s.await.unwrap(), "a stalled sender was never closed");
+    }
+    let grew = peak.saturating_sub(before);
+    println!("RSS {} MiB before, peak {} MiB", before >> 20, peak >> 20);
+    assert!(
+        grew < 200 << 20,
+        "20 stalled senders grew the shard by {} MiB (budget 128 MiB)",
+        grew >> 20
+    );
+    assert!(server.svc.check().is_ok());
+    // The stream serves as before, and nothing of the stalled pushes was applied.
+    let pulled = ps.pull_dense("t").await.unwrap();
+    assert!(pulled.iter().all(|&v| v == -0.01), "{:?}", &pulled[..4]);
+    ps.push_dense("t", &vec![1.0; 1 << 24]).await.unwrap();
+    assert_eq!(ps.stats().await.unwrap()[0].pushes_applied, 2 * applied);
+    let mut sock = tokio::net::TcpStream::connect(&bulk_addr).await.unwrap();
+    let pull = ps_proto::v1::PullDenseRequest {
+        table: "t".into(),
+        chunks: vec![3],
+        ..Default::default()
+    }
+    .encode_to_vec();
+    bulk::write_frame(&mut sock, bulk::PULL_DENSE, &pull, &[])
+        .await
+        .unwrap();
+    let (answer, _) = bulk::read_head(&mut sock, 1 << 20).await.unwrap().unwrap();
+    assert_eq!((answer.kind, answer.body_len), (0, 4 << 20));
+}

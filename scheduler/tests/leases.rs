@@ -175,3 +175,53 @@ async fn a_worker_whose_grant_was_lost_is_not_left_running() {
     assert!(!g.ready, "{g:?}");
     assert!(!running(), "a worker asking for a grant is not computing");
 }
+
+/// A running job whose workers all lost their leases says so in its status (it sat `running`
+/// with no live worker and no word before), and runs again when a worker rejoins under the
+/// id it was issued; an id the job never issued is refused, whatever its value.
+#[tokio::test(start_paused = true)]
+async fn a_job_with_no_live_worker_says_so_and_ids_are_the_schedulers_to_issue() {
+    use ps_core::status::JobState;
+    let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
+    let shard = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", shard.local_addr().unwrap());
+    s.register_shard(0, 1, 128, endpoint.clone()).await.unwrap();
+    s.submit(JobSpec::from_toml(JOB).unwrap()).await.unwrap();
+    let (a, _) = s.join("leases", "a", 0).unwrap();
+    let (b, _) = s.join("leases", "b", 0).unwrap();
+    assert_ne!(a.worker_id, b.worker_id);
+    s.with_job("leases", |j, c| {
+        j.tables_ready = true;
+        j.refresh(c);
+    })
+    .unwrap();
+    let state = |s: &Scheduler| {
+        s.with_job("leases", |j, _| (j.state, j.message.clone()))
+            .unwrap()
+    };
+    assert_eq!(state(&s).0, JobState::Running);
+    // Neither heartbeats (the shard does, to keep the map whole).
+    for _ in 0..8 {
+        advance(Duration::from_millis(250)).await;
+        s.shard_heartbeat(0, &endpoint).unwrap();
+        tokio::task::yield_now().await;
+    }
+    let (st, message) = state(&s);
+    assert_eq!(st, JobState::Paused, "{message}");
+    assert!(message.contains("no live worker"), "{message}");
+    // Ids the job never issued are refused: one far ahead, the largest, 0's neighbour.
+    for id in [a.worker_id.max(b.worker_id) + 1, u64::MAX, 12345] {
+        let e = s.join("leases", "x", id).unwrap_err();
+        assert!(
+            matches!(e, SchedError::UnknownWorker { worker, .. } if worker == id),
+            "{e}"
+        );
+    }
+    // Taken up again under their ids, the job runs.
+    s.join("leases", "a", a.worker_id).unwrap();
+    s.join("leases", "b", b.worker_id).unwrap();
+    assert_eq!(state(&s).0, JobState::Running, "{}", state(&s).1);
+    // A new member gets an id never issued before.
+    let (c, _) = s.join("leases", "c", 0).unwrap();
+    assert!(c.worker_id > a.worker_id.max(b.worker_id));
+}

@@ -177,7 +177,7 @@ fn message(pool: &DescriptorPool, service: &str, case: &Value) -> Vec<u8> {
         .methods()
         .find(|m| m.name() == method)
         .unwrap_or_else(|| panic!("no method {method}"));
-    json_message(pool, &m.input().full_name().to_owned(), case.get("request"))
+    json_message(pool, m.input().full_name(), case.get("request"))
 }
 
 fn json_message(pool: &DescriptorPool, type_name: &str, json: Option<&Value>) -> Vec<u8> {

@@ -102,6 +102,96 @@ async fn kill_9_of_the_scheduler_loses_nothing_and_workers_ride_it_out() {
     }
 }
 
+/// kill -9 of the scheduler while real worker processes hold long polls (BSP, one worker
+/// twenty times slower, so the other spends nearly every clock waiting on it in a long poll),
+/// and a restart 3 s later on the same address and data dir: every worker survives and the
+/// job runs to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_processes_ride_out_a_scheduler_killed_during_their_long_polls() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("scheduler");
+    let (mut sched_proc, url) = scheduler_process(&data, "127.0.0.1:0", &[]).await;
+    let _shard = shard_process(&dir.path().join("shard-0"), 0, 1, &url).await;
+    let spec = ps_worker::job::job_from_toml(
+        "name = \"ride\"\nconsistency = \"bsp\"\nnum_shards = 1\nnum_workers = 2\n\
+         dataset = \"synthetic-dense:4000:256:10\"\nmodel = \"softmax\"\nglobal_batch = 512\n\
+         max_clocks = 150\nlease_ms = 10000\n",
+    )
+    .unwrap();
+    let sched = SchedulerClient::connect(&url).await.unwrap();
+    sched.submit(&spec).await.unwrap();
+    let bin = ps_launch::binary("worker").unwrap();
+    let logs = dir.path().join("logs");
+    let mut workers: Vec<ps_launch::Service> = [("w0", "20"), ("w1", "1")]
+        .into_iter()
+        .map(|(name, slowdown)| {
+            let args: Vec<String> = [
+                "--scheduler",
+                &url,
+                "--job",
+                "ride",
+                "--name",
+                name,
+                "--run-dir",
+                &dir.path().join("run").display().to_string(),
+                "--slowdown",
+                slowdown,
+            ]
+            .map(str::to_owned)
+            .into();
+            ps_launch::Service::spawn(&bin, name, &args, &logs, false).unwrap()
+        })
+        .collect();
+    // Well under way, then kill -9 while w1 waits on w0 in a long poll.
+    let t0 = std::time::Instant::now();
+    let killed_at = loop {
+        let st = sched.job("ride").await.unwrap();
+        if st.min_clock >= 10 {
+            break st.min_clock;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "{st:?}\n{}",
+            workers[0].tail()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    sched_proc.kill();
+    assert!(
+        killed_at < 100,
+        "the job was nearly over at the kill: clock {killed_at}"
+    );
+    let listen = url.trim_start_matches("http://").to_owned();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for w in &mut workers {
+        assert!(
+            w.check().is_ok(),
+            "{} died with the scheduler:\n{}",
+            w.name(),
+            w.tail()
+        );
+    }
+    let (_sched_proc, url2) = scheduler_process(&data, &listen, &[]).await;
+    assert_eq!(url2, url);
+    for w in &mut workers {
+        let status = w
+            .wait(Duration::from_secs(180))
+            .await
+            .unwrap()
+            .unwrap_or_else(|| panic!("{} did not finish:\n{}", w.name(), w.tail()));
+        assert!(status.success(), "{} failed:\n{}", w.name(), w.tail());
+    }
+    let sched = SchedulerClient::connect(&url)
+        .await
+        .unwrap()
+        .with_retries(50);
+    let st = sched.job("ride").await.unwrap();
+    assert_eq!(st.state, JobState::Succeeded, "{}", st.message);
+    assert_eq!(st.message, "every worker finished 150 clocks");
+    // The restart lost no member: the job still has exactly the two workers that joined.
+    assert_eq!(st.workers.len(), 2, "{st:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_answers_long_polls_at_once_and_exits_0() {
     let dir = tempfile::tempdir().unwrap();
