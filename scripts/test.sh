@@ -18,6 +18,11 @@ fi
 # The cross-service tests start the services' binaries (scheduler, ps-server, worker).
 cargo build --release --workspace --bins
 cargo test --release --workspace --doc
+# Every fuzz target (decoders, the bulk frame parser, the request and job validators) for a
+# bounded time: FUZZ_SECONDS each (default 20; 0 skips them).
+if [ "${FUZZ_SECONDS:-20}" != "0" ]; then
+  ./scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
+fi
 # Last, so that its summary (tests run, passed, failed) is the last line of the run.
 echo "test: $(df -h --output=avail . | tail -1 | tr -d ' ') free on the build disk before the tests" >&2
 cargo nextest run --release --workspace --no-fail-fast
