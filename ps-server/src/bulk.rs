@@ -341,31 +341,74 @@ fn bad_header(reason: String) -> Status {
 /// touched only as bytes arrive). Each read must bring bytes within `timeout`.
 async fn read_body(sock: &mut TcpStream, len: usize, timeout: Duration) -> io::Result<Bytes> {
     let mut buf = BytesMut::with_capacity(len);
+    let mut stall = Stall::new(timeout);
     while buf.len() < len {
-        let want = (len - buf.len()) as u64;
-        let read = tokio::time::timeout(timeout, (&mut *sock).take(want).read_buf(&mut buf))
-            .await
-            .map_err(|_| stalled())??;
+        let mut rest = (&mut *sock).take((len - buf.len()) as u64);
+        let read = tokio::select! {
+            biased;
+            read = rest.read_buf(&mut buf) => read?,
+            () = stall.expired() => return Err(stalled()),
+        };
         if read == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
+        stall.progress();
     }
     Ok(buf.freeze())
+}
+
+/// Whether a call has gone `timeout` without a byte arriving, with one timer per `timeout`
+/// rather than one per read (a body arrives in many reads).
+struct Stall {
+    timeout: Duration,
+    last: tokio::time::Instant,
+    timer: std::pin::Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Stall {
+    fn new(timeout: Duration) -> Self {
+        let last = tokio::time::Instant::now();
+        Self {
+            timeout,
+            last,
+            timer: Box::pin(tokio::time::sleep_until(last + timeout)),
+        }
+    }
+
+    fn progress(&mut self) {
+        self.last = tokio::time::Instant::now();
+    }
+
+    /// Resolves once `timeout` has passed since the last progress.
+    async fn expired(&mut self) {
+        loop {
+            self.timer.as_mut().await;
+            let due = self.last + self.timeout;
+            if tokio::time::Instant::now() >= due {
+                return;
+            }
+            self.timer.as_mut().reset(due);
+        }
+    }
 }
 
 /// Reads and drops `len` bytes of a refused call's body, so the next call starts in place.
 async fn discard(sock: &mut TcpStream, len: u64, timeout: Duration) -> io::Result<()> {
     let mut left = len;
     let mut scratch = vec![0u8; (64 << 10).min(len as usize)];
+    let mut stall = Stall::new(timeout);
     while left > 0 {
         let want = (scratch.len() as u64).min(left) as usize;
-        let read = tokio::time::timeout(timeout, sock.read(&mut scratch[..want]))
-            .await
-            .map_err(|_| stalled())??;
+        let read = tokio::select! {
+            biased;
+            read = sock.read(&mut scratch[..want]) => read?,
+            () = stall.expired() => return Err(stalled()),
+        };
         if read == 0 {
             return Err(io::ErrorKind::UnexpectedEof.into());
         }
         left -= read as u64;
+        stall.progress();
     }
     Ok(())
 }
