@@ -33,8 +33,13 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic_types::StatusExt;
 
-/// The shard's address-space limit: far below what any case would allocate unbounded.
-const ADDRESS_SPACE: u64 = 6 << 30;
+/// The shard's address-space limit: far below what the unbounded cases would allocate (26 GB
+/// and more), with room for the address space threads and allocator arenas reserve.
+const ADDRESS_SPACE: u64 = 16 << 30;
+
+/// The shard's memory budget for tables, so that the cases over it do not depend on the
+/// machine's memory.
+const MEMORY_BUDGET: u64 = 2 << 30;
 
 /// Message bytes in and out, for requests built from JSON or sent as raw bytes.
 #[derive(Debug, Clone, Default)]
@@ -313,6 +318,8 @@ async fn hostile_shard(root: &Path) -> (Service, ps_runtime::ready::Ready) {
         root.join("shard").display().to_string(),
         "--listen".into(),
         "127.0.0.1:0".into(),
+        "--memory-budget-bytes".into(),
+        MEMORY_BUDGET.to_string(),
     ];
     let prlimit = PathBuf::from("/usr/bin/prlimit");
     assert!(
