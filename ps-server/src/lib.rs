@@ -43,7 +43,12 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     cfg.check()?;
     let ready = Ready::of(&listener, metrics_listener.as_ref())?;
-    ps_runtime::metrics::start("ps-server", metrics_listener, &shutdown)?;
+    let readiness = ps_runtime::readiness::Readiness::default();
+    // The metrics port outlives the drain (probes see /readyz turn 503, scrapes see the end):
+    // it stops when this function returns.
+    let metrics_stop = CancellationToken::new();
+    let _stop_metrics = metrics_stop.clone().drop_guard();
+    ps_runtime::metrics::start("ps-server", metrics_listener, &readiness, &metrics_stop)?;
     metrics::describe();
     let map_epoch = Arc::new(MapEpoch::new(cfg.scheduler.is_some()));
     if let Some(url) = cfg.scheduler.clone() {
@@ -68,19 +73,20 @@ pub async fn run(
             let reopen: Reopen<RocksStore> =
                 Arc::new(move |db: &Path| RocksStore::open(db, &rocks));
             let restore = cfg.service.data_dir.clone().map(|d| (d, reopen));
-            serve(cfg, store, restore, map_epoch, listener, ready, shutdown).await
-        }
-        None => {
-            serve(
-                cfg,
-                MemoryStore::default(),
-                None,
-                map_epoch,
+            let io = Io {
                 listener,
                 ready,
-                shutdown,
-            )
-            .await
+                readiness,
+            };
+            serve(cfg, store, restore, map_epoch, io, shutdown).await
+        }
+        None => {
+            let io = Io {
+                listener,
+                ready,
+                readiness,
+            };
+            serve(cfg, MemoryStore::default(), None, map_epoch, io, shutdown).await
         }
     }
 }
@@ -112,15 +118,27 @@ fn open_durable(cfg: &ServerConfig, dir: &Path) -> anyhow::Result<RocksStore> {
     )?)
 }
 
+/// Where a shard serves: its gRPC listener, the ready file it announces once serving, and
+/// the readiness its metrics endpoint answers `/readyz` from.
+struct Io {
+    listener: TcpListener,
+    ready: Ready,
+    readiness: ps_runtime::readiness::Readiness,
+}
+
 async fn serve<S: Store>(
     cfg: ServerConfig,
     store: S,
     restore: Option<(PathBuf, Reopen<S>)>,
     map_epoch: Arc<MapEpoch>,
-    listener: TcpListener,
-    mut ready: Ready,
+    io: Io,
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
+    let Io {
+        listener,
+        mut ready,
+        readiness,
+    } = io;
     let engine_cfg = EngineConfig {
         shard_index: cfg.shard_index,
         num_shards: cfg.num_shards,
@@ -179,6 +197,7 @@ async fn serve<S: Store>(
         descriptor_sets: vec![ps_proto::FILE_DESCRIPTOR_SET],
         drain: cfg.service.drain,
         grace: cfg.service.grace,
+        readiness,
     };
     let served = ps_runtime::grpc::serve(listener, grpc, opts, shutdown).await;
     // The engine closes once neither listener can reach it.

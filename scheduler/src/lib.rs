@@ -38,7 +38,12 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> anyhow::Result<()> {
     let ready = Ready::of(&listener, metrics_listener.as_ref())?;
-    ps_runtime::metrics::start("scheduler", metrics_listener, &shutdown)?;
+    let readiness = ps_runtime::readiness::Readiness::default();
+    // The metrics port outlives the drain (probes see /readyz turn 503, scrapes see the end):
+    // it stops when this function returns.
+    let metrics_stop = CancellationToken::new();
+    let _stop_metrics = metrics_stop.clone().drop_guard();
+    ps_runtime::metrics::start("scheduler", metrics_listener, &readiness, &metrics_stop)?;
     metrics::describe();
     let sched = {
         let c = cfg.scheduler.clone();
@@ -53,6 +58,7 @@ pub async fn run(
         descriptor_sets: vec![ps_proto::FILE_DESCRIPTOR_SET],
         drain: cfg.service.drain,
         grace: cfg.service.grace,
+        readiness,
     };
     let served = ps_runtime::grpc::serve(listener, svc, opts, shutdown).await;
     // After the server has drained, so that the last write sees every call.

@@ -37,8 +37,11 @@ async fn health_reflection_and_metrics_are_served() {
         metrics.local_addr().unwrap(),
     );
     let shutdown = CancellationToken::new();
+    let mut cfg = ServerConfig::local(Some(dir.path().to_owned()));
+    // Long enough to see the shard not ready while it drains.
+    cfg.service.drain = std::time::Duration::from_secs(3);
     let server = tokio::spawn(ps_server::run(
-        ServerConfig::local(Some(dir.path().to_owned())),
+        cfg,
         listener,
         Some(metrics),
         shutdown.clone(),
@@ -141,6 +144,51 @@ async fn health_reflection_and_metrics_are_served() {
         "histograms have buckets: {text}"
     );
 
+    // HTTP probes on the metrics port, and the gRPC probe binary.
+    let text = http_get(metrics_addr, "/healthz").await;
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.ends_with("ok\n"),
+        "{text}"
+    );
+    let text = http_get(metrics_addr, "/readyz").await;
+    assert!(
+        text.starts_with("HTTP/1.1 200") && text.ends_with("ready\n"),
+        "{text}"
+    );
+    let probe = |addr: String, service: &str| {
+        let out = std::process::Command::new(ps_launch::binary("ps-probe").unwrap())
+            .args([
+                "--addr",
+                &addr,
+                "--service",
+                service,
+                "--timeout-ms",
+                "2000",
+            ])
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        )
+    };
+    assert_eq!(
+        probe(grpc_addr.to_string(), "ps.v1.ParameterServer"),
+        (Some(0), "SERVING".to_owned())
+    );
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let closed_addr = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    assert_eq!(probe(closed_addr, "").0, Some(2), "nothing listens there");
+
+    // Shutdown: not ready, and NOT_SERVING to the probe, from its first moment (the drain).
     shutdown.cancel();
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let text = http_get(metrics_addr, "/readyz").await;
+    assert!(text.starts_with("HTTP/1.1 503"), "{text}");
+    assert_eq!(
+        probe(grpc_addr.to_string(), ""),
+        (Some(1), "NOT_SERVING".to_owned())
+    );
     server.await.unwrap().unwrap();
 }

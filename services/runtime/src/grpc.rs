@@ -15,6 +15,8 @@ use tonic::server::NamedService;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
+use crate::readiness::Readiness;
+
 /// How a service's gRPC server behaves.
 #[derive(Debug, Clone)]
 pub struct GrpcOptions {
@@ -24,6 +26,8 @@ pub struct GrpcOptions {
     pub drain: Duration,
     /// Longest wait for in-flight calls once the listener is closed.
     pub grace: Duration,
+    /// Set when the server serves and cleared when shutdown begins, with gRPC health.
+    pub readiness: Readiness,
 }
 
 impl Default for GrpcOptions {
@@ -32,6 +36,7 @@ impl Default for GrpcOptions {
             descriptor_sets: Vec::new(),
             drain: Duration::ZERO,
             grace: Duration::from_secs(30),
+            readiness: Readiness::default(),
         }
     }
 }
@@ -84,8 +89,11 @@ where
     let stop = CancellationToken::new();
     let stop_accepting = stop.clone();
     let drain = opts.drain;
+    let readiness = opts.readiness.clone();
+    readiness.set(true);
     let watcher = tokio::spawn(async move {
         shutdown.cancelled().await;
+        readiness.set(false);
         reporter
             .set_service_status("", ServingStatus::NotServing)
             .await;

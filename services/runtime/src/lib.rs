@@ -16,6 +16,7 @@
 pub mod config;
 pub mod grpc;
 pub mod metrics;
+pub mod readiness;
 pub mod ready;
 pub mod service;
 pub mod shutdown;

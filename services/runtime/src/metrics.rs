@@ -1,12 +1,16 @@
-//! The Prometheus recorder and its `/metrics` endpoint.
+//! The Prometheus recorder and its `/metrics` endpoint, beside `/healthz` and `/readyz`
+//! ([`crate::readiness`]).
 
 use std::sync::OnceLock;
 
 use axum::Router;
+use axum::http::StatusCode;
 use axum::routing::get;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+
+use crate::readiness::Readiness;
 
 /// Buckets for latencies in seconds: 50 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
@@ -45,36 +49,57 @@ pub fn install(service: &'static str) -> anyhow::Result<PrometheusHandle> {
     Ok(handle)
 }
 
-/// Serves `GET /metrics` (Prometheus text format) until `shutdown` is cancelled.
+/// Serves `GET /metrics` (Prometheus text format), `GET /healthz` (200 while the process
+/// answers) and `GET /readyz` (200 when `readiness` says so, else 503) until `shutdown` is
+/// cancelled.
 pub async fn serve(
     listener: TcpListener,
     handle: PrometheusHandle,
+    readiness: Readiness,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    let app = Router::new().route(
-        "/metrics",
-        get(move || {
-            let h = handle.clone();
-            async move { h.render() }
-        }),
-    );
+    let app = Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let h = handle.clone();
+                async move { h.render() }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route(
+            "/readyz",
+            get(move || {
+                let ready = readiness.is_ready();
+                async move {
+                    if ready {
+                        (StatusCode::OK, "ready\n")
+                    } else {
+                        (StatusCode::SERVICE_UNAVAILABLE, "not ready\n")
+                    }
+                }
+            }),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
 
-/// Installs the recorder for `service` and, when a listener is given, serves `/metrics` on it
-/// in the background until `shutdown`: the start of every service's `run`.
+/// Installs the recorder for `service` and, when a listener is given, serves `/metrics`,
+/// `/healthz` and `/readyz` on it in the background until `shutdown`: the start of every
+/// service's `run`.
 pub fn start(
     service: &'static str,
     listener: Option<TcpListener>,
+    readiness: &Readiness,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let handle = install(service)?;
     if let Some(l) = listener {
         let token = shutdown.clone();
+        let readiness = readiness.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve(l, handle, token).await {
+            if let Err(e) = serve(l, handle, readiness, token).await {
                 tracing::error!(error = %e, "metrics endpoint failed");
             }
         });
