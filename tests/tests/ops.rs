@@ -176,6 +176,29 @@ async fn health_reflection_and_metrics_are_served() {
         probe(grpc_addr.to_string(), "ps.v1.ParameterServer"),
         (Some(0), "SERVING".to_owned())
     );
+    let plain = |args: &[&str]| {
+        let out = std::process::Command::new(ps_launch::binary("ps-probe").unwrap())
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).trim().to_owned(),
+        )
+    };
+    let m = metrics_addr.to_string();
+    assert_eq!(
+        plain(&["--addr", &m, "--http", "/readyz"]),
+        (Some(0), "HTTP 200".to_owned())
+    );
+    assert_eq!(
+        plain(&["--addr", &m, "--http", "/nope"]),
+        (Some(1), "HTTP 404".to_owned())
+    );
+    assert_eq!(
+        plain(&["--addr", &grpc_addr.to_string(), "--tcp"]),
+        (Some(0), "CONNECTED".to_owned())
+    );
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let closed_addr = closed.local_addr().unwrap().to_string();
     drop(closed);

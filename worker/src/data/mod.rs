@@ -439,7 +439,8 @@ impl DatasetSpec {
         match self {
             Self::FashionMnist => {
                 let dir = dir.unwrap_or(Path::new(FASHION_MNIST_DIR));
-                if !dir.exists() {
+                // The files, not the folder: a container's missing bind mount is an empty one.
+                if !dir.join("train-images-idx3-ubyte.gz").exists() {
                     return Err(DataError::Missing(format!(
                         "Fashion-MNIST is not at {}: install it with \
                          `sudo apt-get install -y dataset-fashion-mnist` (Debian/Ubuntu), or pass \

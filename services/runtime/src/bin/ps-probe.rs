@@ -1,10 +1,14 @@
 //! `ps-probe`: asks a service's `grpc.health.v1.Health` whether it serves, for container
 //! health checks and scripts. Exit 0 when SERVING; 1 when it answers anything else (NOT_SERVING
-//! while it drains); 2 when it cannot be reached or does not answer in time.
+//! while it drains); 2 when it cannot be reached or does not answer in time. For the processes
+//! beside ours in a deployment (Prometheus, a collector), `--http PATH` asks for an HTTP 200
+//! instead and `--tcp` only for a connection.
 //!
 //! ```sh
 //! ps-probe --addr 127.0.0.1:7070                       # the whole server ("")
 //! ps-probe --addr shard-0:7070 --service ps.v1.ParameterServer --timeout-ms 1000
+//! ps-probe --addr 127.0.0.1:9090 --http /-/healthy     # Prometheus
+//! ps-probe --addr 127.0.0.1:4317 --tcp                 # accepts connections
 //! ```
 
 use std::process::ExitCode;
@@ -28,6 +32,45 @@ struct Args {
     /// Longest wait for the connection and the answer together.
     #[arg(long, default_value_t = 2000)]
     timeout_ms: u64,
+    /// Ask for `GET PATH` over HTTP/1.1 to answer 200 instead of gRPC health.
+    #[arg(long, conflicts_with_all = ["service", "tcp"])]
+    http: Option<String>,
+    /// Only check that the address accepts a TCP connection.
+    #[arg(long)]
+    tcp: bool,
+}
+
+/// The host:port of `addr` (a URL's scheme and path dropped).
+fn host_port(addr: &str) -> &str {
+    let rest = addr.split_once("://").map_or(addr, |(_, r)| r);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+/// Connects, and with `path` sends `GET path`: the HTTP status line's code.
+async fn plain(addr: &str, path: Option<&str>) -> Result<Option<u16>, String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let to = host_port(addr);
+    let mut sock = tokio::net::TcpStream::connect(to)
+        .await
+        .map_err(|e| format!("cannot connect to {to}: {e}"))?;
+    let Some(path) = path else {
+        return Ok(None);
+    };
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {to}\r\nConnection: close\r\n\r\n");
+    sock.write_all(request.as_bytes())
+        .await
+        .map_err(|e| format!("{to}: {e}"))?;
+    let mut head = vec![0u8; 64];
+    let n = sock
+        .read(&mut head)
+        .await
+        .map_err(|e| format!("{to}: {e}"))?;
+    let line = String::from_utf8_lossy(&head[..n]);
+    line.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .map(Some)
+        .ok_or_else(|| format!("{to} did not answer HTTP: {line:?}"))
 }
 
 async fn check(args: &Args) -> Result<ServingStatus, String> {
@@ -54,6 +97,30 @@ async fn check(args: &Args) -> Result<ServingStatus, String> {
 async fn main() -> ExitCode {
     let args = Args::parse();
     let timeout = Duration::from_millis(args.timeout_ms);
+    if args.tcp || args.http.is_some() {
+        return match tokio::time::timeout(timeout, plain(&args.addr, args.http.as_deref())).await {
+            Ok(Ok(None)) => {
+                println!("CONNECTED");
+                ExitCode::SUCCESS
+            }
+            Ok(Ok(Some(200))) => {
+                println!("HTTP 200");
+                ExitCode::SUCCESS
+            }
+            Ok(Ok(Some(code))) => {
+                println!("HTTP {code}");
+                ExitCode::from(1)
+            }
+            Ok(Err(e)) => {
+                eprintln!("ps-probe: {e}");
+                ExitCode::from(2)
+            }
+            Err(_) => {
+                eprintln!("ps-probe: no answer from {} within {timeout:?}", args.addr);
+                ExitCode::from(2)
+            }
+        };
+    }
     match tokio::time::timeout(timeout, check(&args)).await {
         Ok(Ok(ServingStatus::Serving)) => {
             println!("SERVING");
