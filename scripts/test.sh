@@ -20,6 +20,8 @@ cargo build --release --workspace --bins
 cargo test --release --workspace --doc
 # Every fuzz target (decoders, the bulk frame parser, the request and job validators) for a
 # bounded time: FUZZ_SECONDS each (default 20; 0 skips them).
+# The Kubernetes manifests against a pinned Kubernetes version (kubernetes-validate, PyPI).
+./scripts/k8s-validate.sh
 if [ "${FUZZ_SECONDS:-20}" != "0" ]; then
   ./scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 fi
