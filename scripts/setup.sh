@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the build needs on Debian or Ubuntu, when they are missing:
-# a C++ compiler, clang and libclang (RocksDB's C++ build and its bindings). With --data it
+# a C++ compiler, clang and libclang (RocksDB's C++ build and its bindings), and Python with
+# venv (the manifests' check). With --data it
 # also installs Debian's dataset-fashion-mnist package for the training examples (if that
 # fails, the examples say how to get the data and fall back to synthetic data).
 # Uses apt-get (as root, or through sudo).
@@ -29,6 +30,10 @@ command -v clang >/dev/null 2>&1 || need+=(clang)
 compgen -G "/usr/lib/llvm-*/lib/libclang.so" >/dev/null || compgen -G "/usr/lib/llvm-*/lib/libclang-*.so" >/dev/null \
   || compgen -G "/usr/lib/*/libclang.so" >/dev/null || compgen -G "/usr/lib/*/libclang-*.so" >/dev/null \
   || need+=(libclang-dev)
+# The manifests' check (scripts/k8s-validate.sh) installs kubernetes-validate into a venv.
+command -v python3 >/dev/null 2>&1 || need+=(python3)
+command -v python3 >/dev/null 2>&1 && ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1 \
+  && need+=(python3-venv)
 if [ ${#need[@]} -gt 0 ]; then
   apt_install "${need[@]}"
 fi
