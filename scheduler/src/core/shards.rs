@@ -25,20 +25,8 @@ impl Scheduler {
         let known = {
             let st = self.inner.state.lock();
             let c = &st.cluster;
-            if c.num_shards != 0
-                && (c.num_shards != num_shards || c.virtual_nodes != virtual_nodes)
-                && c.shards
-                    .iter()
-                    .flatten()
-                    .any(|m| m.lease_until > Instant::now())
-            {
-                return Err(SchedError::ShardConflict {
-                    index,
-                    shards: c.num_shards,
-                    vnodes: c.virtual_nodes,
-                    its_shards: num_shards,
-                    its_vnodes: virtual_nodes,
-                });
+            if let Some(e) = shape_conflict(c, index, num_shards, virtual_nodes, Instant::now()) {
+                return Err(e);
             }
             c.known.get(index as usize) == Some(&endpoint)
         };
@@ -49,20 +37,12 @@ impl Scheduler {
             let mut st = self.inner.state.lock();
             let now = Instant::now();
             let c = &mut st.cluster;
+            // Checked again: the lock was let go for the probe.
+            if let Some(e) = shape_conflict(c, index, num_shards, virtual_nodes, now) {
+                return Err(e);
+            }
             if c.num_shards != 0 && (c.num_shards != num_shards || c.virtual_nodes != virtual_nodes)
             {
-                // The cluster's shape holds while a shard registered under it is alive; once
-                // none is (a shard that registered by mistake and went away), the first live
-                // registration decides it again.
-                if c.shards.iter().flatten().any(|m| m.lease_until > now) {
-                    return Err(SchedError::ShardConflict {
-                        index,
-                        shards: c.num_shards,
-                        vnodes: c.virtual_nodes,
-                        its_shards: num_shards,
-                        its_vnodes: virtual_nodes,
-                    });
-                }
                 tracing::warn!(
                     was = c.num_shards,
                     now = num_shards,
@@ -145,6 +125,27 @@ impl Scheduler {
                 cause: e.to_string(),
             })
     }
+}
+
+/// The refusal of a registration whose shape contradicts the cluster's while a shard
+/// registered under that shape is alive. Once none is (a shard that registered by mistake and
+/// went away), the first live registration decides the shape again.
+fn shape_conflict(
+    c: &crate::state::Cluster,
+    index: u32,
+    num_shards: u32,
+    vnodes: u32,
+    now: Instant,
+) -> Option<SchedError> {
+    let differs = c.num_shards != 0 && (c.num_shards != num_shards || c.virtual_nodes != vnodes);
+    let held = c.shards.iter().flatten().any(|m| m.lease_until > now);
+    (differs && held).then_some(SchedError::ShardConflict {
+        index,
+        shards: c.num_shards,
+        vnodes: c.virtual_nodes,
+        its_shards: num_shards,
+        its_vnodes: vnodes,
+    })
 }
 
 /// Bounds and form of a shard's registration, checked before anything is allocated for it.

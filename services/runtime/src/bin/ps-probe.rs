@@ -97,45 +97,31 @@ async fn check(args: &Args) -> Result<ServingStatus, String> {
 async fn main() -> ExitCode {
     let args = Args::parse();
     let timeout = Duration::from_millis(args.timeout_ms);
-    if args.tcp || args.http.is_some() {
-        return match tokio::time::timeout(timeout, plain(&args.addr, args.http.as_deref())).await {
-            Ok(Ok(None)) => {
-                println!("CONNECTED");
-                ExitCode::SUCCESS
-            }
-            Ok(Ok(Some(200))) => {
-                println!("HTTP 200");
-                ExitCode::SUCCESS
-            }
-            Ok(Ok(Some(code))) => {
-                println!("HTTP {code}");
-                ExitCode::from(1)
-            }
-            Ok(Err(e)) => {
-                eprintln!("ps-probe: {e}");
-                ExitCode::from(2)
-            }
-            Err(_) => {
-                eprintln!("ps-probe: no answer from {} within {timeout:?}", args.addr);
-                ExitCode::from(2)
-            }
-        };
-    }
-    match tokio::time::timeout(timeout, check(&args)).await {
-        Ok(Ok(ServingStatus::Serving)) => {
-            println!("SERVING");
-            ExitCode::SUCCESS
+    // (exit code, what to print) of each outcome.
+    let answer: Result<(u8, String), String> = if args.tcp || args.http.is_some() {
+        match tokio::time::timeout(timeout, plain(&args.addr, args.http.as_deref())).await {
+            Ok(Ok(None)) => Ok((0, "CONNECTED".into())),
+            Ok(Ok(Some(code))) => Ok((u8::from(code != 200), format!("HTTP {code}"))),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!("no answer from {} within {timeout:?}", args.addr)),
         }
-        Ok(Ok(other)) => {
-            println!("{}", other.as_str_name());
-            ExitCode::from(1)
+    } else {
+        match tokio::time::timeout(timeout, check(&args)).await {
+            Ok(Ok(status)) => Ok((
+                u8::from(status != ServingStatus::Serving),
+                status.as_str_name().to_owned(),
+            )),
+            Ok(Err(e)) => Err(e),
+            Err(_) => Err(format!("no answer from {} within {timeout:?}", args.addr)),
         }
-        Ok(Err(e)) => {
+    };
+    match answer {
+        Ok((code, said)) => {
+            println!("{said}");
+            ExitCode::from(code)
+        }
+        Err(e) => {
             eprintln!("ps-probe: {e}");
-            ExitCode::from(2)
-        }
-        Err(_) => {
-            eprintln!("ps-probe: no answer from {} within {timeout:?}", args.addr);
             ExitCode::from(2)
         }
     }
