@@ -644,9 +644,7 @@ async fn a_table_over_the_memory_budget_is_left_unloaded_and_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let mut server = spawn(&data, "127.0.0.1:0", &[]).await;
-    let ps = PsClient::connect(client_config(&server.addr))
-        .await
-        .unwrap();
+    let ps = connect(&server.addr).await;
     let big = TableSpec::dense("big", &[1 << 20])
         .and_then(|t| t.with_chunk_elems(1 << 16))
         .and_then(|t| t.with_optimizer(Optimizer::adam(0.01)))
@@ -668,9 +666,7 @@ async fn a_table_over_the_memory_budget_is_left_unloaded_and_loses_nothing() {
     // 12 MiB: room for `small`, not for `big` (4 MiB of values and 8 MiB of Adam's state).
     let budget = (12 << 20).to_string();
     let server = spawn(&data, "127.0.0.1:0", &["--memory-budget-bytes", &budget]).await;
-    let ps = PsClient::connect(client_config(&server.addr))
-        .await
-        .unwrap();
+    let ps = connect(&server.addr).await;
     assert_eq!(ps.pull_dense("small").await.unwrap(), vec![-1.0; 8]);
     let stats = ps.stats().await.unwrap();
     let row = |name: &str| {
@@ -719,40 +715,31 @@ async fn a_table_over_the_memory_budget_is_left_unloaded_and_loses_nothing() {
 
     // With room, `big` loads with every push it took.
     let mut server = spawn(&data, "127.0.0.1:0", &[]).await;
-    let ps = PsClient::connect(client_config(&server.addr))
-        .await
-        .unwrap();
+    let ps = connect(&server.addr).await;
     assert_eq!(ps.pull_dense("big").await.unwrap(), want_big);
-    let names: Vec<String> = ps
-        .list_tables()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let names = table_names(&ps).await;
     assert_eq!(names, ["big", "small"]);
     server.svc.kill();
 
     // Dropped while unloaded, it is gone.
     let mut server = spawn(&data, "127.0.0.1:0", &["--memory-budget-bytes", &budget]).await;
-    let ps = PsClient::connect(client_config(&server.addr))
-        .await
-        .unwrap();
+    let ps = connect(&server.addr).await;
     ps.drop_table("big").await.unwrap();
     server.svc.kill();
     let server = spawn(&data, "127.0.0.1:0", &[]).await;
-    let ps = PsClient::connect(client_config(&server.addr))
-        .await
-        .unwrap();
-    let names: Vec<String> = ps
-        .list_tables()
-        .await
-        .unwrap()
-        .into_iter()
-        .map(|t| t.name.to_string())
-        .collect();
+    let ps = connect(&server.addr).await;
+    let names = table_names(&ps).await;
     assert_eq!(names, ["small"]);
     assert_eq!(ps.stats().await.unwrap()[0].tables.len(), 1);
+}
+
+async fn connect(addr: &str) -> PsClient {
+    PsClient::connect(client_config(addr)).await.unwrap()
+}
+
+async fn table_names(ps: &PsClient) -> Vec<String> {
+    let tables = ps.list_tables().await.unwrap();
+    tables.into_iter().map(|t| t.name.to_string()).collect()
 }
 
 /// The resident memory of process `pid`, in bytes.
