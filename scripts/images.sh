@@ -16,7 +16,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 version=$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 tag="${PS_IMAGE:-ps:$version}"
-cargo build --release --bins -p ps-server -p ps-scheduler -p ps-worker -p ps-cli -p ps-runtime
+# The workspace build the test command makes too (the same features: nothing is rebuilt).
+cargo build --release --workspace --bins
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 

@@ -25,6 +25,13 @@ cargo test --release --workspace --doc
 if [ "${FUZZ_SECONDS:-20}" != "0" ]; then
   ./scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 fi
+# The fault drills through Docker: the compose cluster from the images of this build, a shard
+# killed, the scheduler restarted, a worker cut off its network, every container restarted;
+# no acknowledged push lost (within COMPOSE_TEST_TIMEOUT, default 15 minutes; COMPOSE_TEST=0
+# skips them).
+if [ "${COMPOSE_TEST:-1}" != "0" ]; then
+  ./scripts/compose-test.sh
+fi
 # Last, so that its summary (tests run, passed, failed) is the last line of the run.
 echo "test: $(df -h --output=avail . | tail -1 | tr -d ' ') free on the build disk before the tests" >&2
 cargo nextest run --release --workspace --no-fail-fast

@@ -9,8 +9,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use ps_cli::print::{checkpoint_json, job_json, print_job, print_json};
-use ps_client::ClientError;
 use ps_client::scheduler::SchedulerClient;
+use ps_client::{ClientConfig, ClientError};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -50,6 +50,14 @@ enum Cmd {
     },
     /// Shows the shard map.
     Shards,
+    /// Reads a dense table through the shards the scheduler maps and prints its length, min,
+    /// max, mean and sum (with --values, every value too).
+    Pull {
+        table: String,
+        /// Print every value (one per line; in --json, a "values" array).
+        #[arg(long)]
+        values: bool,
+    },
     /// Starts a whole cluster on 127.0.0.1 (a scheduler, shards and workers as child
     /// processes), trains one job to the end with a progress bar, and prints the test accuracy
     /// and where the run's files are. Needs no running scheduler.
@@ -253,6 +261,38 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                         "  shard {i}: {}",
                         if e.is_empty() { "(not registered)" } else { e }
                     );
+                }
+            }
+        }
+        Cmd::Pull { table, values } => {
+            let ps = s.ps_client(ClientConfig::new(Vec::<String>::new())).await?;
+            let v = ps.pull_dense(table).await?;
+            let (min, max, sum) = v.iter().fold(
+                (f64::INFINITY, f64::NEG_INFINITY, 0.0),
+                |(lo, hi, sum), &x| {
+                    let x = f64::from(x);
+                    (lo.min(x), hi.max(x), sum + x)
+                },
+            );
+            let mean = sum / v.len().max(1) as f64;
+            if cli.json {
+                let mut o = serde_json::json!({
+                    "table": table, "len": v.len(), "min": min, "max": max,
+                    "mean": mean, "sum": sum,
+                });
+                if *values {
+                    o["values"] = serde_json::json!(v);
+                }
+                print_json(&o);
+            } else {
+                println!(
+                    "table `{table}`: {} values, min {min}, max {max}, mean {mean}, sum {sum}",
+                    v.len()
+                );
+                if *values {
+                    for x in &v {
+                        println!("{x}");
+                    }
                 }
             }
         }

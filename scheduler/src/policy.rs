@@ -43,6 +43,10 @@ pub struct Clocks {
     counts: BTreeMap<u64, usize>,
     /// While set, no worker may start a clock at or past it (a checkpoint boundary).
     barrier: Option<u64>,
+    /// Where the job is when no worker is live: the minimum when the last one left (or the
+    /// clock a resume set). A worker joining then enters here, not at 0: the shards hold every
+    /// update of the clocks before it.
+    floor: u64,
 }
 
 impl Clocks {
@@ -53,7 +57,20 @@ impl Clocks {
             clocks: HashMap::new(),
             counts: BTreeMap::new(),
             barrier: None,
+            floor: 0,
         }
+    }
+
+    /// The job's clock: the slowest live worker's, or, with none live, where the last one
+    /// left.
+    pub fn current(&self) -> u64 {
+        self.min().unwrap_or(self.floor)
+    }
+
+    /// Where a worker joining a job with no live worker enters (a restored scheduler's
+    /// record).
+    pub fn set_floor(&mut self, clock: u64) {
+        self.floor = clock;
     }
 
     pub fn bound(&self) -> Option<u64> {
@@ -112,7 +129,7 @@ impl Clocks {
         if let Some(c) = self.clock(w) {
             return c;
         }
-        let c = self.min().unwrap_or(0);
+        let c = self.current();
         self.insert(w, c);
         c
     }
@@ -132,6 +149,9 @@ impl Clocks {
         let before = self.min();
         if let Some(c) = self.clocks.remove(&w) {
             self.count(c, -1);
+        }
+        if self.clocks.is_empty() {
+            self.floor = before.unwrap_or(self.floor);
         }
         self.min() != before
     }
@@ -186,8 +206,10 @@ impl Clocks {
         }
     }
 
-    /// Puts every live worker at `clock` (a resumed checkpoint).
+    /// Puts every live worker, and the job when none is live, at `clock` (a resumed
+    /// checkpoint).
     pub fn reset_all(&mut self, clock: u64) {
+        self.floor = clock;
         let ws: Vec<WorkerId> = self.clocks.keys().copied().collect();
         for w in ws {
             self.insert(w, clock);
@@ -378,6 +400,35 @@ mod tests {
             })
         );
         assert_eq!(c.finish(9, 0), Err(ClockError::NotMember(9)));
+    }
+
+    #[test]
+    fn a_job_every_worker_left_is_joined_where_it_was_not_at_zero() {
+        let mut c = Clocks::new(Some(2));
+        c.join(1);
+        c.join(2);
+        for k in 0..5 {
+            c.finish(1, k).unwrap();
+        }
+        for k in 0..3 {
+            c.finish(2, k).unwrap();
+        }
+        assert_eq!((c.current(), c.max()), (3, Some(5)));
+        c.remove(2);
+        c.remove(1);
+        assert_eq!((c.min(), c.current()), (None, 5), "where the last one left");
+        assert_eq!(
+            c.join(3),
+            5,
+            "every container restarted: the job goes on from clock 5"
+        );
+        c.remove(3);
+        c.reset_all(2);
+        assert_eq!(
+            c.join(4),
+            2,
+            "a resumed checkpoint moves the job's clock with it"
+        );
     }
 
     #[test]

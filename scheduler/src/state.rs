@@ -538,7 +538,7 @@ impl Job {
                 .clock(id)
                 .is_some_and(|c| c >= self.spec.max_clocks);
         let may = self.state == JobState::Running && self.clocks.may_start(id) && !done;
-        let min = self.clocks.min().unwrap_or(0);
+        let min = self.clocks.current();
         let gap = self.clocks.gap(id);
         let clock = self.clocks.clock(id).unwrap_or(0);
         let assignment = self.assignment(id);
@@ -591,8 +591,8 @@ impl Job {
             spec: self.spec.clone(),
             state: self.state,
             message: self.message.clone(),
-            min_clock: self.clocks.min().unwrap_or(0),
-            max_clock: self.clocks.max().unwrap_or(0),
+            min_clock: self.clocks.current(),
+            max_clock: self.clocks.max().unwrap_or(self.clocks.current()),
             map_epoch: epoch,
             workers: self
                 .workers
@@ -664,6 +664,9 @@ pub struct SavedJob {
     pub data: DataShards,
     pub workers: Vec<SavedWorker>,
     pub checkpoints: Vec<JobCheckpoint>,
+    /// The job's clock ([`Clocks::current`]): where workers join when none is live.
+    #[serde(default)]
+    pub clock: u64,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -700,6 +703,7 @@ impl Job {
                 })
                 .collect(),
             checkpoints: self.checkpoints.clone(),
+            clock: self.clocks.current(),
         }
     }
 
@@ -717,6 +721,7 @@ impl Job {
         job.checkpoints = s.checkpoints;
         job.clocks
             .set_barrier(next_boundary(job.spec.checkpoint_every, last));
+        job.clocks.set_floor(s.clock);
         for w in s.workers {
             if w.live {
                 job.clocks.insert(w.id, w.clock);

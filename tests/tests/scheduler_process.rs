@@ -1,7 +1,7 @@
 //! The `scheduler` binary as a real child process: kill -9 mid-job and a restart on its data
 //! dir lose no job, checkpoint or map, while workers (SDK sessions) ride the restart out; a
 //! SIGTERM answers held long polls at once and exits 0; `psctl`'s exit codes say what went
-//! wrong, for scripts.
+//! wrong, for scripts; `psctl pull` reads a table through the scheduler's map.
 //!
 //! Needs the workspace's binaries (`cargo build --release` puts them next to the test).
 
@@ -293,4 +293,78 @@ async fn psctl_exit_codes_say_what_went_wrong() {
         assert_eq!(out.status.code(), Some(code), "psctl {args:?}: {text}");
         assert!(text.contains(words), "psctl {args:?}: {text}");
     }
+}
+
+/// `psctl pull`: a dense table read through the scheduler's map, across both shards, as the
+/// fault drills read their counter; a table that is not there, or not dense, is an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psctl_pull_reads_a_dense_table_across_the_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_sched, url) = scheduler_process(&dir.path().join("scheduler"), "127.0.0.1:0", &[]).await;
+    let psctl = ps_launch::binary("psctl").unwrap();
+    let pull = |args: &[&str]| {
+        let out = Command::new(&psctl)
+            .args(["--scheduler", &url])
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.code(), text)
+    };
+    // No shard yet: said, not hung.
+    let (code, text) = pull(&["pull", "t/w"]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("not every shard is registered"), "{text}");
+    let _s0 = shard_process(&dir.path().join("s0"), 0, 2, &url).await;
+    let _s1 = shard_process(&dir.path().join("s1"), 1, 2, &url).await;
+    let sched = SchedulerClient::connect(&url).await.unwrap();
+    let ps = sched
+        .ps_client(ClientConfig::new(Vec::<String>::new()))
+        .await
+        .unwrap();
+    // 10 chunks of 100 values: both shards hold some.
+    ps.create_table(
+        ps_core::TableSpec::dense("t/w", &[1000])
+            .unwrap()
+            .with_optimizer(ps_core::Optimizer::sgd(1.0))
+            .unwrap()
+            .with_chunk_elems(100)
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    ps.create_table(ps_core::TableSpec::sparse("t/emb", 4).unwrap())
+        .await
+        .unwrap();
+    let grad: Vec<f32> = (0..1000).map(|i| -(i as f32)).collect();
+    ps.push_dense("t/w", &grad).await.unwrap();
+    let (code, text) = pull(&["--json", "pull", "t/w", "--values"]);
+    assert_eq!(code, Some(0), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["len"], 1000);
+    assert_eq!(
+        (v["min"].as_f64(), v["max"].as_f64()),
+        (Some(0.0), Some(999.0))
+    );
+    assert_eq!(v["sum"].as_f64(), Some(499_500.0));
+    let values: Vec<f64> = v["values"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap())
+        .collect();
+    assert_eq!(values, (0..1000).map(f64::from).collect::<Vec<_>>());
+    let (code, text) = pull(&["pull", "t/w"]);
+    assert_eq!(code, Some(0), "{text}");
+    assert!(text.contains("1000 values, min 0, max 999"), "{text}");
+    let (code, text) = pull(&["pull", "t/nope"]);
+    assert_eq!(code, Some(4), "{text}");
+    assert!(text.contains("t/nope"), "{text}");
+    let (code, text) = pull(&["pull", "t/emb"]);
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("sparse"), "{text}");
 }

@@ -3,8 +3,9 @@
 //! ```text
 //! <run>/
 //!   job.json                 the job spec the run trained (written by the evaluating worker)
-//!   steps-<worker>.jsonl     one line per clock of each worker (StepRecord)
-//!   eval.jsonl               one line per evaluation on the test set (EvalRecord)
+//!   steps-<worker>.jsonl     one line per clock of each worker (StepRecord), appended to
+//!                            by a worker that restarts into the same directory
+//!   eval.jsonl               one line per evaluation on the test set (EvalRecord), appended
 //!   final.json               the last evaluation and the run's totals (FinalRecord)
 //!   curves.svg               training loss and test accuracy against examples seen
 //!   model.safetensors        the trained parameters, one f32 tensor per table (dense tables
@@ -106,9 +107,15 @@ pub struct RunDir {
     summary: Summary,
 }
 
-fn create(path: &Path) -> anyhow::Result<BufWriter<File>> {
+/// A record file, appended to: a worker that restarts into the same run directory (after a
+/// crash, or a restart of its container) goes on with the job's history rather than erasing it.
+fn append(path: &Path) -> anyhow::Result<BufWriter<File>> {
     Ok(BufWriter::new(
-        File::create(path).with_context(|| format!("creating {}", path.display()))?,
+        File::options()
+            .create(true)
+            .append(true)
+            .open(path)
+            .with_context(|| format!("opening {}", path.display()))?,
     ))
 }
 
@@ -125,9 +132,9 @@ impl RunDir {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         Ok(Self {
             dir: Some(dir.to_owned()),
-            steps: Some(create(&dir.join(format!("steps-{worker}.jsonl")))?),
+            steps: Some(append(&dir.join(format!("steps-{worker}.jsonl")))?),
             evals: evaluator
-                .then(|| create(&dir.join("eval.jsonl")))
+                .then(|| append(&dir.join("eval.jsonl")))
                 .transpose()?,
             summary: Summary::default(),
         })
@@ -149,7 +156,9 @@ impl RunDir {
         self.summary.dense_pulls += 1;
     }
 
-    /// Records one clock (and adds it to the totals).
+    /// Records one clock (and adds it to the totals). The line is written through at once: a
+    /// worker killed after it keeps the record of every clock it reported (the fault drills
+    /// count acknowledged pushes from these lines).
     pub fn step(&mut self, r: &StepRecord) -> anyhow::Result<()> {
         let s = &mut self.summary;
         s.clocks += 1;
@@ -159,6 +168,7 @@ impl RunDir {
         if let Some(w) = &mut self.steps {
             serde_json::to_writer(&mut *w, r)?;
             w.write_all(b"\n")?;
+            w.flush()?;
         }
         Ok(())
     }

@@ -125,7 +125,9 @@ async fn train_on<B: Backend + Clone>(
     client_cfg.max_attempts = 200;
     client_cfg.max_backoff = Duration::from_millis(500);
     client_cfg.link_mbps = cfg.link_mbps;
-    let ps = session.ps_client(client_cfg).await?;
+    let Some(ps) = shards(&session, client_cfg, &shutdown).await? else {
+        return Ok(Summary::default());
+    };
     let tables: Vec<&str> = net
         .dense_tables()
         .iter()
@@ -158,6 +160,32 @@ async fn train_on<B: Backend + Clone>(
         eval_time: Duration::ZERO,
     };
     trainer.train(session, shutdown).await
+}
+
+/// The job's shards, once every one has registered and answers: workers started beside the
+/// shards (every container of a cluster restarted at once, pods in any order) wait for them,
+/// as the job does. `None` when `shutdown` came first.
+async fn shards(
+    session: &WorkerSession,
+    cfg: ClientConfig,
+    shutdown: &CancellationToken,
+) -> anyhow::Result<Option<PsClient>> {
+    let mut told = None::<Instant>;
+    loop {
+        let why = match session.ps_client(cfg.clone()).await {
+            Ok(ps) => return Ok(Some(ps)),
+            Err(e) if e.is_unavailable() => e,
+            Err(e) => return Err(e.into()),
+        };
+        if told.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            tracing::info!(error = %why, "waiting for the job's shards");
+            told = Some(Instant::now());
+        }
+        tokio::select! {
+            () = tokio::time::sleep(Duration::from_millis(500)) => {}
+            () = shutdown.cancelled() => return Ok(None),
+        }
+    }
 }
 
 struct Trainer<B: Backend + Clone> {

@@ -95,7 +95,7 @@ impl Scheduler {
             if job.checkpoint_due() {
                 due.push(job.spec.name.clone());
             }
-            m::min_clock(job.name(), job.clocks.min().unwrap_or(0));
+            m::min_clock(job.name(), job.clocks.current());
         }
         (create, due)
     }

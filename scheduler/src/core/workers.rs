@@ -143,7 +143,7 @@ impl Scheduler {
                         Grant {
                             ready: false,
                             clock,
-                            min_clock: j.clocks.min().unwrap_or(0),
+                            min_clock: j.clocks.current(),
                             assignment: j.assignment(id),
                             state: j.state,
                             stop: false,

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use prost::Message;
+use ps_core::wire::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use ps_proto::bulk;
 use ps_proto::v1 as pb;
 use tokio::io::AsyncReadExt;
@@ -102,6 +103,7 @@ impl BulkPool {
         {
             Ok(Ok(s)) => {
                 let _ = s.set_nodelay(true);
+                keep_alive(&s);
                 return Some(s);
             }
             Ok(Err(e)) => e.to_string(),
@@ -267,5 +269,23 @@ fn from_le(values: &mut [f32]) {
         for v in values {
             *v = f32::from_bits(u32::from_le(v.to_bits()));
         }
+    }
+}
+
+/// A bulk connection whose peer goes silent fails within about half a minute instead of the
+/// kernel's many minutes: keepalive probes once it has been idle for [`KEEPALIVE_INTERVAL`]
+/// (waiting for an answer is idle), and data left unacknowledged for as long fails it too. The
+/// call then fails as `unavailable` and is retried on a new connection.
+fn keep_alive(s: &TcpStream) {
+    let sock = socket2::SockRef::from(s);
+    let probes = socket2::TcpKeepalive::new()
+        .with_time(KEEPALIVE_INTERVAL)
+        .with_interval(Duration::from_secs(2))
+        .with_retries(5);
+    if let Err(e) = sock
+        .set_tcp_keepalive(&probes)
+        .and_then(|()| sock.set_tcp_user_timeout(Some(KEEPALIVE_INTERVAL + KEEPALIVE_TIMEOUT)))
+    {
+        tracing::debug!(error = %e, "bulk stream: keepalive not set");
     }
 }

@@ -25,6 +25,16 @@ pub enum ClientError {
     /// The endpoint list does not describe the cluster.
     #[error("shard list does not match the cluster: {0}")]
     Topology(String),
+    /// The scheduler's map lacks shards that have not registered (yet, or again after a
+    /// restart): ask again later.
+    #[error(
+        "not every shard is registered with the scheduler yet (map epoch {epoch}: {registered} of {num_shards})"
+    )]
+    ShardsMissing {
+        epoch: u64,
+        registered: usize,
+        num_shards: u32,
+    },
     /// The caller's input is wrong before anything is sent.
     #[error("{0}")]
     InvalidInput(String),
@@ -54,6 +64,12 @@ impl ClientError {
     }
 
     /// The gRPC code when a service answered with an error.
+    /// Whether asking again later may succeed: a service that cannot be reached now, or shards
+    /// not registered yet.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, Self::ShardsMissing { .. }) || self.code() == Some(tonic::Code::Unavailable)
+    }
+
     pub fn code(&self) -> Option<tonic::Code> {
         match self {
             Self::Status { code, .. } | Self::Scheduler { code, .. } => Some(*code),

@@ -26,6 +26,7 @@ use std::time::{Duration, Instant};
 
 use ps_core::JobSpec;
 use ps_core::status::{JobCheckpoint, JobStatus, ShardMap};
+use ps_core::wire::{KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT};
 use ps_proto::v1 as pb;
 use ps_proto::v1::scheduler_client::SchedulerClient as Raw;
 use tokio::task::JoinHandle;
@@ -66,7 +67,12 @@ impl SchedulerClient {
         let ep = Endpoint::from_shared(endpoint.to_owned())
             .map_err(|e| ClientError::InvalidInput(format!("bad scheduler URL `{endpoint}`: {e}")))?
             .connect_timeout(Duration::from_secs(3))
-            .tcp_nodelay(true);
+            .tcp_nodelay(true)
+            // A long-polled clock report on a connection whose peer went silent fails within
+            // seconds and is retried, instead of waiting for the kernel's timeout.
+            .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+            .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+            .keep_alive_while_idle(true);
         let channel = match timeout {
             Some(t) => ep.timeout(t),
             None => ep,
@@ -166,6 +172,23 @@ impl SchedulerClient {
             .call(|mut c| async move { c.get_shard_map(pb::GetShardMapRequest {}).await })
             .await?;
         ShardMap::try_from(map).map_err(|e| ClientError::Protocol(format!("shard map: {e}")))
+    }
+
+    /// A client of the shards this scheduler maps (every shard must be registered), which
+    /// follows the map when a shard moves. `cfg`'s endpoints and map are replaced.
+    pub async fn ps_client(&self, mut cfg: ClientConfig) -> Result<PsClient, ClientError> {
+        let map = self.shard_map().await?;
+        if !map.complete {
+            return Err(ClientError::ShardsMissing {
+                epoch: map.epoch,
+                registered: map.endpoints.iter().filter(|e| !e.is_empty()).count(),
+                num_shards: map.num_shards,
+            });
+        }
+        cfg.endpoints = map.endpoints;
+        cfg.map_epoch = map.epoch;
+        cfg.map_source = Some(Arc::new(self.clone()));
+        PsClient::connect(cfg).await
     }
 
     /// Takes a coordinated checkpoint now and returns its manifest.
@@ -423,19 +446,9 @@ impl WorkerSession {
     /// A client for the job's shards, routed with the current shard map and carrying the job's
     /// table codecs. `cfg`'s endpoints, epoch and map source are replaced: the client follows
     /// the scheduler's map when a shard moves (see [`ClientConfig::map_source`]).
-    pub async fn ps_client(&self, mut cfg: ClientConfig) -> Result<PsClient, ClientError> {
-        let map = self.sched.shard_map().await?;
-        if !map.complete {
-            return Err(ClientError::Topology(format!(
-                "job `{}`: not every shard is registered yet",
-                self.job
-            )));
-        }
-        self.epoch.fetch_max(map.epoch, Ordering::Relaxed);
-        cfg.endpoints = map.endpoints;
-        cfg.map_epoch = map.epoch;
-        cfg.map_source = Some(Arc::new(self.sched.clone()));
-        let ps = PsClient::connect(cfg).await?;
+    pub async fn ps_client(&self, cfg: ClientConfig) -> Result<PsClient, ClientError> {
+        let ps = self.sched.ps_client(cfg).await?;
+        self.epoch.fetch_max(ps.map_epoch(), Ordering::Relaxed);
         for t in &self.spec.tables {
             let codec = crate::TableCodec {
                 push: ps_codec::CompressOptions::new(t.codec),

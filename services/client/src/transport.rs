@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use parking_lot::RwLock;
-use ps_core::wire::{CONNECTION_WINDOW, STREAM_WINDOW};
+use ps_core::wire::{CONNECTION_WINDOW, KEEPALIVE_INTERVAL, KEEPALIVE_TIMEOUT, STREAM_WINDOW};
 use ps_core::{Partitioner, TableName, TableSpec};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
@@ -228,7 +228,10 @@ pub(crate) fn shard_client(
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(Some(1 << 20))
         .tcp_nodelay(true)
-        .connect_timeout(cfg.connect_timeout);
+        .connect_timeout(cfg.connect_timeout)
+        .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
+        .keep_alive_timeout(KEEPALIVE_TIMEOUT)
+        .keep_alive_while_idle(true);
     let endpoint = match cfg.request_timeout {
         Some(t) => endpoint.timeout(t),
         None => endpoint,

@@ -47,6 +47,15 @@ pub mod wire {
     pub const STREAM_WINDOW: u32 = 16 << 20;
     pub const CONNECTION_WINDOW: u32 = 64 << 20;
 
+    /// How clients find a connection whose peer went silent (a network partition, a host that
+    /// vanished, a container disconnected from its network) rather than waiting on it for the
+    /// kernel's retransmission timeout, many minutes: an HTTP/2 PING (gRPC) or a TCP keepalive
+    /// probe (the bulk stream) after this much silence...
+    pub const KEEPALIVE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
+    /// ...and the connection is given up when the answer has not come within this. Calls on it
+    /// fail as `unavailable`, and the clients retry on a new connection.
+    pub const KEEPALIVE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
     /// The `domain` of the `google.rpc.ErrorInfo` every refusal of the services carries.
     pub const ERROR_DOMAIN: &str = "ps.v1";
 

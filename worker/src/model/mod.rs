@@ -10,9 +10,14 @@
 //! | `mlp:256,128` | ReLU MLP with those hidden widths | `w0`, `b0`, `w1`, `b1`, ... |
 //! | `sparse-lr` | logistic regression on sparse ids | `wide` (sparse, dim 1), `wide_bias` `[1]` |
 //! | `wide-deep:8:64` | `sparse-lr` plus an embedding bag of dim 8 into a ReLU MLP (64) | also `emb` (sparse, dim 8), `w0`, `b0`, ... |
+//! | `counter:4096:10` | a witness, not a model: every clock pushes a gradient of -1 into each of 4096 values (SGD, learning rate 1), after 10 ms of "compute" | `count` `[4096]`, in 8 chunks |
 //!
 //! Dense inputs train with softmax cross-entropy over the classes; sparse inputs with the
 //! logistic loss on a binary label.
+//!
+//! The counter makes a stored value count the pushes applied to it, whatever the data: the
+//! fault drills (`scripts/compose-test.sh`) compare it with the pushes the workers saw
+//! acknowledged. Its compute time paces the job so that faults land during training.
 
 use std::collections::HashMap;
 
@@ -42,6 +47,31 @@ pub enum ModelSpec {
     Mlp { hidden: Vec<usize> },
     /// Sparse logistic regression, plus an embedding bag of `dim` into an MLP when `dim > 0`.
     WideDeep { dim: usize, hidden: Vec<usize> },
+    /// The push counter: `len` values, each clock a gradient of -1 after `step_ms` of sleep.
+    Counter { len: usize, step_ms: u64 },
+}
+
+/// Chunks of the counter's table: enough for every value's chunk to land on either of a few
+/// shards (dense chunks go round-robin).
+const COUNTER_CHUNKS: u64 = 8;
+
+fn counter(name: &str, rest: &str) -> Result<ModelSpec> {
+    let bad = |detail: &str| ModelError::Spec {
+        name: name.into(),
+        detail: detail.into(),
+    };
+    let (len, ms) = rest.split_once(':').unwrap_or((rest, "0"));
+    let len = len
+        .parse::<usize>()
+        .ok()
+        .filter(|l| (1..=1 << 24).contains(l))
+        .ok_or_else(|| bad("counter:LEN[:MS] needs LEN in 1..=16777216"))?;
+    let step_ms = ms
+        .parse::<u64>()
+        .ok()
+        .filter(|&m| m <= 60_000)
+        .ok_or_else(|| bad("counter:LEN[:MS] needs MS (compute time per clock) in 0..=60000"))?;
+    Ok(ModelSpec::Counter { len, step_ms })
 }
 
 fn widths(name: &str, s: &str) -> Result<Vec<usize>> {
@@ -67,6 +97,7 @@ impl ModelSpec {
             "mlp" => Self::Mlp {
                 hidden: widths(name, rest)?,
             },
+            "counter" => counter(name, rest)?,
             "sparse-lr" if rest.is_empty() => Self::WideDeep {
                 dim: 0,
                 hidden: Vec::new(),
@@ -88,7 +119,8 @@ impl ModelSpec {
             _ => {
                 return Err(ModelError::Spec {
                     name: name.into(),
-                    detail: "use softmax, mlp:H1,H2,..., sparse-lr or wide-deep:DIM[:H1,...]"
+                    detail: "use softmax, mlp:H1,H2,..., sparse-lr, wide-deep:DIM[:H1,...] or \
+                             counter:LEN[:MS]"
                         .into(),
                 });
             }
@@ -109,12 +141,16 @@ impl ModelSpec {
             Self::WideDeep { dim: 0, .. } => "sparse-lr".into(),
             Self::WideDeep { dim, hidden } if hidden.is_empty() => format!("wide-deep:{dim}"),
             Self::WideDeep { dim, hidden } => format!("wide-deep:{dim}:{}", join(hidden)),
+            Self::Counter { len, step_ms: 0 } => format!("counter:{len}"),
+            Self::Counter { len, step_ms } => format!("counter:{len}:{step_ms}"),
         }
     }
 
     /// The widths of the dense layers, input first, output last; empty when there are none.
     fn layer_widths(&self, input: Input, classes: usize) -> Result<Vec<usize>> {
         match (self, input) {
+            // The counter has no layers: its one table is not a layer's.
+            (Self::Counter { .. }, _) => Ok(Vec::new()),
             (Self::Mlp { hidden }, Input::Dense { dim }) => {
                 let mut w = vec![dim];
                 w.extend(hidden);
@@ -151,6 +187,14 @@ impl ModelSpec {
         classes: usize,
         seed: u64,
     ) -> Result<Vec<TableSpec>> {
+        if let Self::Counter { len, .. } = self {
+            let len = *len as u64;
+            return Ok(vec![
+                TableSpec::dense(&format!("{prefix}/count"), &[len])?
+                    .with_optimizer(Optimizer::sgd(1.0))?
+                    .with_chunk_elems(len.div_ceil(COUNTER_CHUNKS))?,
+            ]);
+        }
         if matches!(input, Input::Sparse) && classes != 2 {
             return Err(ModelError::Mismatch {
                 model: self.name(),
@@ -314,7 +358,7 @@ impl<B: Backend + Clone> Net<B> {
             .collect::<Result<Vec<_>>>()?;
         let emb_dim = match &spec {
             ModelSpec::WideDeep { dim, .. } => Some(*dim),
-            ModelSpec::Mlp { .. } => None,
+            ModelSpec::Mlp { .. } | ModelSpec::Counter { .. } => None,
         };
         let tables = spec.tables(prefix, input, classes, 0)?;
         let dense = tables
@@ -379,6 +423,10 @@ impl<B: Backend + Clone> Net<B> {
                     values.len()
                 ),
             }));
+        }
+        if let ModelSpec::Counter { .. } = self.spec {
+            // The counter's values are what it witnesses, not parameters it computes with.
+            return Ok(());
         }
         // Sparse models list wide_bias before the layers' w and b.
         let i = match self.emb_dim {
@@ -491,6 +539,12 @@ impl<B: Backend + Clone> Net<B> {
         let n = batch.len();
         probs.clear();
         if n == 0 {
+            return Ok(LossSum::default());
+        }
+        if let ModelSpec::Counter { step_ms, .. } = self.spec {
+            if train {
+                std::thread::sleep(std::time::Duration::from_millis(step_ms));
+            }
             return Ok(LossSum::default());
         }
         let b = self.backend.clone();
@@ -649,6 +703,10 @@ impl<B: Backend + Clone> Net<B> {
     pub fn grads(&self) -> Result<Grads> {
         let b = &self.backend;
         let mut g = Grads::default();
+        if let ModelSpec::Counter { len, .. } = self.spec {
+            g.dense.push((self.dense[0].0.clone(), vec![-1.0; len]));
+            return Ok(g);
+        }
         let mut names = self.dense.iter().map(|(n, _)| n.clone());
         let mut name = || names.next().expect("a name per dense table");
         if self.emb_dim.is_some() {

@@ -136,7 +136,7 @@ fn sparse_case(spec: &str) {
     let ids = SparseRows::ids_of(&batch);
     let dim = match spec {
         ModelSpec::WideDeep { dim, .. } => dim,
-        ModelSpec::Mlp { .. } => unreachable!(),
+        ModelSpec::Mlp { .. } | ModelSpec::Counter { .. } => unreachable!(),
     };
     let mut rows = SparseRows {
         wide: random(ids.len(), &mut r, 0.5),
@@ -172,10 +172,22 @@ fn names_round_trip_and_mismatches_are_refused() {
         "sparse-lr",
         "wide-deep:8:64,32",
         "wide-deep:4",
+        "counter:4096",
+        "counter:16:20",
     ] {
         assert_eq!(ModelSpec::parse(n).unwrap().name(), n);
     }
-    for bad in ["mlp:0", "cnn", "wide-deep", "mlp:12,x"] {
+    for bad in [
+        "mlp:0",
+        "cnn",
+        "wide-deep",
+        "mlp:12,x",
+        "counter",
+        "counter:0",
+        "counter:16777217",
+        "counter:8:x",
+        "counter:8:60001",
+    ] {
         assert!(ModelSpec::parse(bad).is_err(), "{bad}");
     }
     let mlp = ModelSpec::parse("mlp:8").unwrap();
@@ -219,4 +231,34 @@ fn a_batch_of_the_wrong_shape_is_refused() {
     assert!(net.step(&batch, 1.0, true, &mut Vec::new()).is_err());
     assert!(net.set_dense("x/w0", &[0.0; 3]).is_err());
     assert!(net.set_dense("x/w9", &[0.0; 3]).is_err());
+}
+
+#[test]
+fn the_counter_pushes_minus_one_everywhere_into_an_sgd_table_at_rate_one() {
+    let spec = ModelSpec::parse("counter:1000:0").unwrap();
+    // Any data: the counter does not look at it.
+    for input in [Input::Dense { dim: 6 }, Input::Sparse] {
+        let t = spec.tables("d", input, 2, 0).unwrap();
+        assert_eq!(t.len(), 1);
+        assert_eq!(t[0].name.as_str(), "d/count");
+        assert_eq!(t[0].optimizer, ps_core::Optimizer::sgd(1.0));
+        let shape = t[0].dense_shape().unwrap();
+        assert_eq!((shape.len(), shape.num_chunks()), (1000, 8));
+    }
+    let mut net = Net::new(Cpu, spec, "d", Input::Dense { dim: 6 }, 4).unwrap();
+    assert_eq!(net.dense_tables(), [("d/count".to_string(), 1000)]);
+    net.set_dense("d/count", &[5.0; 1000]).unwrap();
+    assert!(net.set_dense("d/count", &[5.0; 999]).is_err());
+    let data = SyntheticDense::new(8, 6, 4, 3, 0);
+    let mut batch = Batch::empty(data.input());
+    data.gather(&[0, 1, 2], &mut batch);
+    net.zero_grads().unwrap();
+    let s = net.step(&batch, 0.001, true, &mut Vec::new()).unwrap();
+    assert_eq!((s.loss, s.correct), (0.0, 0));
+    let g = net.grads().unwrap();
+    assert!(g.sparse.is_empty());
+    assert_eq!(g.dense.len(), 1);
+    assert_eq!(g.dense[0].0, "d/count");
+    // Whatever the scale, one push adds exactly 1 to every value.
+    assert!(g.dense[0].1.iter().all(|&v| v == -1.0));
 }
