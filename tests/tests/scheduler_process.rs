@@ -367,4 +367,13 @@ async fn psctl_pull_reads_a_dense_table_across_the_shards() {
     let (code, text) = pull(&["pull", "t/emb"]);
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("sparse"), "{text}");
+    // The services' logs, written to files, are plain text: no terminal colour codes.
+    for log in ["scheduler", "shard-0", "shard-1"] {
+        let text = std::fs::read_to_string(dir.path().join(format!("logs/{log}.log"))).unwrap();
+        assert!(text.contains("INFO"), "{log}: {text}");
+        assert!(
+            !text.contains('\u{1b}'),
+            "{log} holds escape codes: {text:?}"
+        );
+    }
 }

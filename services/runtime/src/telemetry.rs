@@ -1,5 +1,7 @@
 //! Logs and traces, set up once per process.
 
+use std::io::IsTerminal as _;
+
 use opentelemetry::trace::TracerProvider as _;
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::trace::SdkTracerProvider;
@@ -23,14 +25,18 @@ impl Drop for TelemetryGuard {
     }
 }
 
-/// Sets up logging (`RUST_LOG`, default `info`) and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set,
+/// Sets up logging (`RUST_LOG`, default `info`; coloured only on a terminal without `NO_COLOR`)
+/// and, when `OTEL_EXPORTER_OTLP_ENDPOINT` is set,
 /// an OTLP/gRPC trace exporter (the other `OTEL_*` variables apply as the SDK defines them).
 /// Call it inside the tokio runtime: the exporter's batch task runs there. A second call in the
 /// same process (tests start many services) keeps the first set-up.
 pub fn init(service_name: &'static str) -> TelemetryGuard {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    // Colours for a person at a terminal only: a log file or a collector gets plain text.
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let fmt = tracing_subscriber::fmt::layer()
         .with_target(true)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let provider = std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT").and_then(|_| {
         match opentelemetry_otlp::SpanExporter::builder()
