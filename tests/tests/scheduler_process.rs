@@ -243,7 +243,6 @@ async fn sigterm_answers_long_polls_at_once_and_exits_0() {
 async fn psctl_exit_codes_say_what_went_wrong() {
     let dir = tempfile::tempdir().unwrap();
     let (_sched, url) = scheduler_process(&dir.path().join("scheduler"), "127.0.0.1:0", &[]).await;
-    let psctl = ps_launch::binary("psctl").unwrap();
     let file = |name: &str, text: &str| {
         let p = dir.path().join(name);
         std::fs::write(&p, text).unwrap();
@@ -279,20 +278,26 @@ async fn psctl_exit_codes_say_what_went_wrong() {
         (&["status"], &closed, 3, "cannot reach the scheduler"),
     ];
     for (args, scheduler, code, words) in cases {
-        let out = Command::new(&psctl)
-            .arg("--scheduler")
-            .arg(scheduler)
-            .args(args)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert_eq!(out.status.code(), Some(code), "psctl {args:?}: {text}");
+        let (got, text) = psctl(scheduler, args);
+        assert_eq!(got, Some(code), "psctl {args:?}: {text}");
         assert!(text.contains(words), "psctl {args:?}: {text}");
     }
+}
+
+/// Runs `psctl --scheduler URL ARGS...`; returns its exit code and what it printed (stdout,
+/// then stderr).
+fn psctl(scheduler: &str, args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(ps_launch::binary("psctl").unwrap())
+        .args(["--scheduler", scheduler])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
 }
 
 /// `psctl pull`: a dense table read through the scheduler's map, across both shards, as the
@@ -301,20 +306,7 @@ async fn psctl_exit_codes_say_what_went_wrong() {
 async fn psctl_pull_reads_a_dense_table_across_the_shards() {
     let dir = tempfile::tempdir().unwrap();
     let (_sched, url) = scheduler_process(&dir.path().join("scheduler"), "127.0.0.1:0", &[]).await;
-    let psctl = ps_launch::binary("psctl").unwrap();
-    let pull = |args: &[&str]| {
-        let out = Command::new(&psctl)
-            .args(["--scheduler", &url])
-            .args(args)
-            .output()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        (out.status.code(), text)
-    };
+    let pull = |args: &[&str]| psctl(&url, args);
     // No shard yet: said, not hung.
     let (code, text) = pull(&["pull", "t/w"]);
     assert_eq!(code, Some(1), "{text}");
