@@ -23,6 +23,10 @@ if [ ! -d /usr/share/datasets/fashion-mnist ]; then
   exit 1
 fi
 ./scripts/images.sh
+# The alerting rules Prometheus loads (promtool comes with Debian's prometheus, which
+# images.sh installs).
+promtool check rules deploy/compose/alerts.yml
+python3 -c 'import json, sys; json.load(open(sys.argv[1]))' deploy/grafana/parameter-server.json
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'

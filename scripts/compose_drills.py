@@ -27,6 +27,8 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,6 +36,8 @@ PSCTL = ROOT / "target" / "release" / "psctl"
 JOB = os.environ.get("PS_JOB", "drill")
 TABLE = f"{JOB}/count"
 SCHEDULER = f"http://127.0.0.1:{os.environ.get('PS_SCHEDULER_PORT', '7000')}"
+PROMETHEUS = f"http://127.0.0.1:{os.environ.get('PS_PROMETHEUS_PORT', '9090')}"
+DASHBOARD = ROOT / "deploy" / "grafana" / "parameter-server.json"
 PROJECT = os.environ["COMPOSE_PROJECT_NAME"]
 REPORT = Path(os.environ.get("COMPOSE_TEST_REPORT", ROOT / "target/compose-test/report.json"))
 # Clocks of training between two drills.
@@ -267,6 +271,45 @@ def restart_all(w, after):
     }
 
 
+def prom(path, **params):
+    """One call to Prometheus's HTTP API; its `data`."""
+    url = f"{PROMETHEUS}{path}?{urllib.parse.urlencode(params)}"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        body = json.load(r)
+    if body.get("status") != "success":
+        raise DrillFailed(f"Prometheus refused {url}: {body}")
+    return body["data"]
+
+
+def dashboard():
+    """Every query of every panel of the Grafana dashboard returns data from the cluster's
+    Prometheus while the job trains, and every alerting rule is loaded and evaluates."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    queries = [(p["title"], t["expr"]) for p in panels for t in p["targets"]]
+    t0 = now()
+    missing = queries
+    while True:
+        missing = [(title, e) for title, e in missing
+                   if not prom("/api/v1/query", query=e)["result"]]
+        if not missing or now() - t0 > 120:
+            break
+        time.sleep(5)
+    if missing:
+        raise DrillFailed(
+            "dashboard queries without data after 120 s: "
+            + "; ".join(f"{title}: {e}" for title, e in missing))
+    rules = [r for g in prom("/api/v1/rules")["groups"] for r in g["rules"]]
+    bad = [r["name"] for r in rules if r.get("health") != "ok"]
+    if len(rules) < 6 or bad:
+        raise DrillFailed(f"alerting rules: {len(rules)} loaded, failing: {bad}")
+    firing = sorted({r["name"] for r in rules if r.get("state") == "firing"})
+    took = round(now() - t0, 1)
+    log(f"dashboard: {len(queries)} queries of {len(panels)} panels return data "
+        f"(after {took} s); {len(rules)} alerting rules loaded, firing: {firing or 'none'}")
+    return {"panels": len(panels), "queries": len(queries), "seconds": took,
+            "rules": len(rules), "firing": firing}
+
+
 def acknowledged():
     """Clocks each worker reported (each after its push was acknowledged), from the runs
     volume's steps files."""
@@ -287,6 +330,7 @@ def main():
     _, s = w.until("the first clock", lambda s: s["min_clock"] >= 1, 300)
     report["first_clock_s"] = round(now() - t_up, 2)
     log(f"cluster up, first clock after {report['first_clock_s']} s")
+    report["dashboard"] = dashboard()
     drills = {}
     drills["shard-kill"] = shard_kill(w)
     drills["scheduler-restart"] = scheduler_restart(w, drills["shard-kill"]["clock"])

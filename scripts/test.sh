@@ -22,6 +22,9 @@ cargo test --release --workspace --doc
 # bounded time: FUZZ_SECONDS each (default 20; 0 skips them).
 # The Kubernetes manifests against a pinned Kubernetes version (kubernetes-validate, PyPI).
 ./scripts/k8s-validate.sh
+# The OTLP collector the tracing test sends spans to (rotel, PyPI).
+PS_ROTEL_AGENT="$(./scripts/rotel.sh)"
+export PS_ROTEL_AGENT
 if [ "${FUZZ_SECONDS:-20}" != "0" ]; then
   ./scripts/fuzz.sh "${FUZZ_SECONDS:-20}"
 fi

@@ -68,6 +68,24 @@ enum Cmd {
     Experiments(Box<ps_cli::experiments::ExperimentArgs>),
 }
 
+impl Cmd {
+    /// The subcommand's name, as typed.
+    fn name(&self) -> &'static str {
+        match self {
+            Self::Submit { .. } => "submit",
+            Self::Status { .. } => "status",
+            Self::Cancel { .. } => "cancel",
+            Self::Checkpoint { .. } => "checkpoint",
+            Self::Checkpoints { .. } => "checkpoints",
+            Self::Resume { .. } => "resume",
+            Self::Shards => "shards",
+            Self::Pull { .. } => "pull",
+            Self::Local(_) => "local",
+            Self::Experiments(_) => "experiments",
+        }
+    }
+}
+
 const EXIT_USAGE: u8 = 2;
 const EXIT_UNREACHABLE: u8 = 3;
 const EXIT_NOT_FOUND: u8 = 4;
@@ -88,10 +106,15 @@ fn exit_code(e: &ClientError) -> u8 {
     }
 }
 
-#[tokio::main(flavor = "current_thread")]
+// Two threads: the trace exporter flushes on one while the command ends on the other.
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
-    match run(&cli).await {
+    // With a collector set, a command is one trace: its calls to the scheduler under one span.
+    let _telemetry = std::env::var_os("OTEL_EXPORTER_OTLP_ENDPOINT")
+        .map(|_| ps_runtime::telemetry::init("psctl", &Default::default()));
+    let span = tracing::info_span!("psctl", command = cli.cmd.name());
+    match tracing::Instrument::instrument(run(&cli), span).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Usage(m)) => {
             eprintln!("psctl: {m}");

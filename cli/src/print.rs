@@ -26,6 +26,16 @@ pub fn print_job(j: &JobStatus) {
     if let Some(c) = &j.latest_checkpoint {
         println!("  latest checkpoint {c}");
     }
+    let c = &j.cost;
+    println!(
+        "  cost  wall {:.1} s  CPU {:.1} s (workers {:.1}, shards {:.1})  moved {}  stored {}",
+        c.wall_seconds,
+        c.worker_cpu_seconds + c.shard_cpu_seconds,
+        c.worker_cpu_seconds,
+        c.shard_cpu_seconds,
+        bytes(c.bytes_moved),
+        bytes(c.bytes_stored)
+    );
     println!(
         "  {:>6} {:<16} {:<5} {:>7} {:>5} {:>6} {:>10} {:>7} {:>9} {:<12}",
         "ID", "NAME", "LIVE", "CLOCK", "GAP", "BATCH", "EX/S", "MAXGAP", "WAIT MS", "DATA"
@@ -64,6 +74,7 @@ pub fn job_json(j: &JobStatus) -> serde_json::Value {
         "advances_per_sec": j.advances_per_sec,
         "latest_checkpoint": j.latest_checkpoint.clone().unwrap_or_default(),
         "staleness": j.staleness,
+        "cost": j.cost,
         "workers": j.workers.iter().map(|w| serde_json::json!({
             "id": w.worker_id, "name": w.name, "live": w.live, "clock": w.clock,
             "data_shards": w.data_shards, "batch_size": w.batch_size,
@@ -71,6 +82,22 @@ pub fn job_json(j: &JobStatus) -> serde_json::Value {
             "max_gap": w.staleness.max_gap,
         })).collect::<Vec<_>>(),
     })
+}
+
+/// A byte count in the largest binary unit that keeps it at or above 1.
+fn bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
 }
 
 /// A checkpoint's manifest for scripts.

@@ -21,6 +21,10 @@ pub const HEAD_LEN: usize = 20;
 pub const PUSH_DENSE: u32 = 1;
 /// Request kind of a `PullDense` call.
 pub const PULL_DENSE: u32 = 2;
+/// The gRPC method a bulk `PushDense` stands for: the name its spans carry on both sides.
+pub const PUSH_DENSE_PATH: &str = "/ps.v1.ParameterServer/PushDense";
+/// The gRPC method a bulk `PullDense` stands for.
+pub const PULL_DENSE_PATH: &str = "/ps.v1.ParameterServer/PullDense";
 
 /// A frame's head. `kind` is the method of a request, the gRPC status code of an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

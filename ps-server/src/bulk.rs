@@ -7,22 +7,24 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 use prost::Message;
 use ps_core::ValidationError;
 use ps_core::wire::reason;
-use ps_proto::bulk::{self, Head};
+use ps_proto::bulk::{self, Head, PULL_DENSE_PATH, PUSH_DENSE_PATH};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_server::ParameterServer;
 use ps_runtime::status::{invalid_field, refusal};
+use ps_runtime::trace;
 use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Status};
+use tracing::Instrument as _;
 
 use crate::service::PsService;
 use crate::store::Store;
@@ -225,10 +227,14 @@ async fn call<S: Store>(
             };
             let body = read_body(sock, len, timeout).await?;
             bulk::put_slice_data(&mut req.slices, body);
-            Ok(svc
+            let started = Instant::now();
+            let span = trace::server_span(PUSH_DENSE_PATH, &req.trace_context);
+            let answer = svc
                 .push_dense(Request::new(req))
-                .await
-                .map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
+                .instrument(span.clone())
+                .await;
+            answered(PUSH_DENSE_PATH, &span, &answer, started);
+            Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
         }
         bulk::PULL_DENSE => {
             discard(sock, head.body_len, timeout).await?;
@@ -236,7 +242,14 @@ async fn call<S: Store>(
                 Ok(r) => r,
                 Err(refused) => return Ok(Err(refused)),
             };
-            Ok(match svc.pull_dense(Request::new(req)).await {
+            let started = Instant::now();
+            let span = trace::server_span(PULL_DENSE_PATH, &req.trace_context);
+            let answer = svc
+                .pull_dense(Request::new(req))
+                .instrument(span.clone())
+                .await;
+            answered(PULL_DENSE_PATH, &span, &answer, started);
+            Ok(match answer {
                 Ok(r) => {
                     let mut r = r.into_inner();
                     let body = bulk::take_slice_data(&mut r.slices);
@@ -263,6 +276,14 @@ async fn call<S: Store>(
             )))
         }
     }
+}
+
+/// Records a bulk call's outcome on its span and in the RPC metrics, as the gRPC server's
+/// trace layer does for its calls.
+fn answered<T>(path: &str, span: &tracing::Span, answer: &Result<T, Status>, started: Instant) {
+    let code = answer.as_ref().map_or_else(Status::code, |_| Code::Ok);
+    trace::record_status(span, code);
+    ps_runtime::metrics::rpc_answered(path, code, started.elapsed());
 }
 
 /// A push's header, checked against its body before the body is read.

@@ -50,6 +50,9 @@ pub async fn run(
     let _stop_metrics = metrics_stop.clone().drop_guard();
     ps_runtime::metrics::start("ps-server", metrics_listener, &readiness, &metrics_stop)?;
     metrics::describe();
+    if let Some(dir) = &cfg.service.data_dir {
+        ps_runtime::metrics::watch_disk(dir);
+    }
     let map_epoch = Arc::new(MapEpoch::new(cfg.scheduler.is_some()));
     if let Some(url) = cfg.scheduler.clone() {
         let advertise = advertised(&cfg, &listener)?;

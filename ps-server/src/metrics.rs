@@ -63,6 +63,41 @@ pub fn describe() {
         "ps_store_write_seconds",
         "Time of one durable write (WAL, and fsync with --sync)."
     );
+    // The families without labels exist from start-up.
+    for h in [
+        "ps_group_commit_size",
+        "ps_group_commit_bytes",
+        "ps_apply_seconds",
+        "ps_store_write_seconds",
+        "ps_dense_snapshot_seconds",
+        "ps_dense_image_seconds",
+    ] {
+        let _ = histogram!(h);
+    }
+    for c in [
+        "ps_dense_snapshot_bytes_total",
+        "ps_dense_image_bytes_total",
+        "ps_bulk_connections_total",
+    ] {
+        counter!(c).absolute(0);
+    }
+}
+
+/// A table this shard serves (created, or loaded at start-up): its series exist from now, with
+/// zeros.
+pub fn table_loaded(spec: &ps_core::TableSpec) {
+    let table = spec.name.as_str().to_owned();
+    let kind = match spec.kind {
+        ps_core::TableKind::Dense(_) => "dense",
+        ps_core::TableKind::Sparse { .. } => "sparse",
+    };
+    for outcome in ["applied", "duplicate", "error"] {
+        counter!("ps_push_requests_total", "table" => table.clone(), "kind" => kind, "outcome" => outcome)
+            .increment(0);
+    }
+    counter!("ps_push_values_total", "table" => table.clone()).increment(0);
+    counter!("ps_pull_requests_total", "table" => table.clone(), "kind" => kind).increment(0);
+    counter!("ps_pull_values_total", "table" => table).increment(0);
 }
 
 /// Counts a push the writer answered: applied or a duplicate, with its values.

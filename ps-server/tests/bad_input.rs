@@ -159,6 +159,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             chunk,
             values: Some(f32s(&vec![1.0; chunk_len])),
         }],
+        trace_context: Default::default(),
     })
     .await
     .unwrap();
@@ -199,6 +200,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
                 chunk,
                 values: Some(values),
             }],
+            trace_context: Default::default(),
         })
     };
     let sparse_push = |ids: Vec<u64>, values: pb::Payload| pb::PushSparseRequest {
@@ -745,6 +747,7 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
                         }),
                     })
                     .collect(),
+                trace_context: Default::default(),
             }
         };
     let values =

@@ -14,6 +14,7 @@
 pub mod assign;
 pub mod config;
 pub mod core;
+pub mod cost;
 pub mod error;
 pub mod metrics;
 pub mod policy;
@@ -45,6 +46,9 @@ pub async fn run(
     let _stop_metrics = metrics_stop.clone().drop_guard();
     ps_runtime::metrics::start("scheduler", metrics_listener, &readiness, &metrics_stop)?;
     metrics::describe();
+    if let Some(dir) = &cfg.service.data_dir {
+        ps_runtime::metrics::watch_disk(dir);
+    }
     let sched = {
         let c = cfg.scheduler.clone();
         let token = shutdown.clone();

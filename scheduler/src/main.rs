@@ -5,8 +5,9 @@ use ps_scheduler::{Args, Config};
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let _telemetry = ps_runtime::telemetry::init("scheduler");
-    match start(Args::parse()).await {
+    let args = Args::parse();
+    let _telemetry = ps_runtime::telemetry::init("scheduler", &args.service.log);
+    match start(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e:#}");

@@ -311,6 +311,7 @@ impl SchedulerApi for SchedulerService {
             examples: r.examples,
             compute: Duration::from_micros(r.compute_us),
             param_age: Duration::from_micros(r.param_age_us),
+            cpu: Duration::from_micros(r.cpu_us),
         };
         let wait = (r.wait_ms > 0).then(|| Duration::from_millis(r.wait_ms));
         let (g, epoch) = self

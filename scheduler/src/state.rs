@@ -12,6 +12,7 @@ use tokio::sync::watch;
 use tokio::time::{Duration, Instant};
 
 use crate::assign::{DataShards, batch_sizes};
+use crate::cost::{CostMeter, SavedCost};
 pub use ps_core::status::{JobCheckpoint, JobState, ShardCheckpointRef};
 use ps_core::status::{JobStatus, StalenessStats, WorkerStatus};
 
@@ -166,6 +167,7 @@ pub struct Job {
     pub stats: Staleness,
     /// Times of recent advances, for advances per second.
     pub recent: VecDeque<Instant>,
+    pub cost: CostMeter,
 }
 
 /// What a worker gets when it joins.
@@ -204,6 +206,8 @@ pub struct ClockReport {
     pub examples: u64,
     pub compute: Duration,
     pub param_age: Duration,
+    /// CPU time the worker's process has used so far (zero: not reported).
+    pub cpu: Duration,
 }
 
 impl Job {
@@ -225,6 +229,7 @@ impl Job {
             wake: watch::channel(0).0,
             stats: Staleness::default(),
             recent: VecDeque::new(),
+            cost: CostMeter::submitted_now(),
             spec,
         }
     }
@@ -443,6 +448,8 @@ impl Job {
     ) -> Result<()> {
         let w = self.member(id)?;
         w.lease_until = now + lease;
+        self.cost.worker_cpu(id, r.cpu);
+        let w = self.member(id)?;
         // A worker that calls is not computing: it finished its clock or waits for a grant. A
         // grant whose answer was lost (the call was cut and retried) must not leave it marked
         // running, or a checkpoint or resume would wait for it forever.
@@ -615,6 +622,7 @@ impl Job {
             staleness: self.stats.stats(),
             latest_checkpoint: self.checkpoints.last().map(|c| c.name.clone()),
             advances_per_sec: self.advances_per_sec(now),
+            cost: self.cost.cost(),
         }
     }
 
@@ -667,6 +675,9 @@ pub struct SavedJob {
     /// The job's clock ([`Clocks::current`]): where workers join when none is live.
     #[serde(default)]
     pub clock: u64,
+    /// What the job has cost so far.
+    #[serde(default)]
+    pub cost: SavedCost,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -704,6 +715,7 @@ impl Job {
                 .collect(),
             checkpoints: self.checkpoints.clone(),
             clock: self.clocks.current(),
+            cost: self.cost.save(),
         }
     }
 
@@ -717,6 +729,7 @@ impl Job {
         job.joined_ever = s.joined_ever;
         job.tables_ready = s.tables_ready;
         job.data = s.data;
+        job.cost = CostMeter::restore(s.cost);
         let last = s.checkpoints.last().map(|c| c.clock).unwrap_or(0);
         job.checkpoints = s.checkpoints;
         job.clocks

@@ -153,6 +153,7 @@ async fn each_encoding_is_applied_as_its_decoded_values() {
                 push_id: push_id(seq),
                 map_epoch: 0,
                 slices,
+                trace_context: Default::default(),
             })
             .await
             .unwrap_or_else(|s| panic!("{codec} lz4={lz4}: {s}"));
@@ -278,6 +279,7 @@ async fn malformed_payloads_change_nothing() {
                         values: Some(bad),
                     },
                 ],
+                trace_context: Default::default(),
             })
             .await
             .unwrap_err();
@@ -513,6 +515,7 @@ async fn pulls_in_half_precision_and_wire_metrics() {
             accept: encoding_to_pb(Encoding::Int8) as i32,
             map_epoch: 0,
             delta: None,
+            trace_context: Default::default(),
         })
         .await
         .unwrap_err();

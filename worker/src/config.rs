@@ -26,6 +26,10 @@ pub struct WorkerConfig {
     /// The run directory for metrics (and, with --evaluate, results, curves and the model).
     #[arg(long, env = "PS_RUN_DIR")]
     pub run_dir: Option<PathBuf>,
+    /// Serve Prometheus `/metrics` (step time by phase, examples/s, loss, bytes, compression
+    /// ratio, the process's CPU and memory), `/healthz` and `/readyz` on this address.
+    #[arg(long, env = "PS_METRICS_LISTEN")]
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// Evaluate on the test set at intervals and write the run's final results.
     #[arg(long)]
     pub evaluate: bool,

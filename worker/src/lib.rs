@@ -2,7 +2,7 @@
 //! written once against a compute backend ([`backend`], [`model`]), the training loop that
 //! pulls, computes, pushes and reports clocks to the scheduler ([`train`]) with what moves over
 //! the job ([`schedule`]), slow-machine emulation ([`emulate`]), momentum correction
-//! ([`momentum`]) and the model cache under SSP ([`cache`]), evaluation ([`eval`]), the run
+//! ([`momentum`]) and the model cache under SSP ([`cache`]), evaluation ([`eval`]), its metrics ([`metrics`]), the run
 //! directory it leaves ([`run`]), its flags ([`config`]), and the model tables a job file's
 //! model needs ([`job`]).
 //! The bandwidth emulator (`--link-mbps`) is the client transport's: [`ps_client::Link`].
@@ -15,6 +15,7 @@ pub mod data;
 pub mod emulate;
 pub mod eval;
 pub mod job;
+pub mod metrics;
 pub mod model;
 pub mod momentum;
 pub mod run;

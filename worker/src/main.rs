@@ -11,12 +11,15 @@ use ps_worker::WorkerConfig;
 struct Args {
     #[command(flatten)]
     cfg: WorkerConfig,
+    #[command(flatten)]
+    log: ps_runtime::telemetry::LogArgs,
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
-    let _telemetry = ps_runtime::telemetry::init("worker");
-    let cfg = Args::parse().cfg;
+    let args = Args::parse();
+    let _telemetry = ps_runtime::telemetry::init("worker", &args.log);
+    let cfg = args.cfg;
     let shutdown = ps_runtime::shutdown::on_signals();
     match ps_worker::run_worker(cfg, shutdown).await {
         Ok(s) => {

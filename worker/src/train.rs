@@ -18,6 +18,7 @@ use ps_core::JobSpec;
 use rand_xoshiro::Xoshiro256PlusPlus;
 use rand_xoshiro::rand_core::SeedableRng;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument as _;
 
 use crate::backend::{Backend, Cpu, Selected};
 use crate::cache::ModelCache;
@@ -25,6 +26,7 @@ use crate::config::WorkerConfig;
 use crate::data::{Batch, DatasetSpec, Prefetcher, ShardPlan, Split};
 use crate::emulate::Emulation;
 use crate::eval::{Window, auc};
+use crate::metrics::{StepFigures, StepTimes, WorkerMetrics};
 use crate::model::{ModelSpec, Net, SparseRows};
 use crate::momentum::LocalMomentum;
 use crate::run::{EvalRecord, RunDir, StepRecord, Summary};
@@ -35,10 +37,21 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> anyhow::Resu
     cfg.check()?;
     // The device first: asking for CUDA where there is none fails before joining the job.
     let device = crate::backend::cuda::select(cfg.device).map_err(anyhow::Error::msg)?;
+    let readiness = ps_runtime::readiness::Readiness::default();
+    let listener = match cfg.metrics_listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("cannot listen on {a} for metrics"))?,
+        ),
+        None => None,
+    };
+    ps_runtime::metrics::start("worker", listener, &readiness, &shutdown)?;
     let sched = SchedulerClient::connect(&cfg.scheduler).await?;
     let session = WorkerSession::join(sched, &cfg.job, &cfg.name)
         .await
         .with_context(|| format!("joining job `{}` at {}", cfg.job, cfg.scheduler))?;
+    readiness.set(true);
     match device {
         Selected::Cpu => train_on(Cpu, cfg, session, shutdown).await,
         Selected::Cuda(c) => train_on(c, cfg, session, shutdown).await,
@@ -147,6 +160,7 @@ async fn train_on<B: Backend + Clone>(
         ps_core::hash::fnv1a(cfg.name.as_bytes()),
     ));
     let trainer = Trainer {
+        metrics: WorkerMetrics::new(&spec.name, &cfg.name),
         run: RunDir::open(cfg.run_dir.as_deref(), &cfg.name, cfg.evaluate)?,
         emulation: Emulation::new(cfg.slowdown, cfg.straggler_prob, cfg.straggler_factor, rng),
         momentum: LocalMomentum::new(cfg.local_momentum),
@@ -195,6 +209,7 @@ struct Trainer<B: Backend + Clone> {
     split: Split,
     /// The run directory, which keeps the worker's totals.
     run: RunDir,
+    metrics: WorkerMetrics,
     emulation: Emulation,
     momentum: Option<LocalMomentum>,
     cache: ModelCache,
@@ -253,15 +268,33 @@ impl<B: Backend + Clone> Trainer<B> {
             prefetch.control().set_shards(&grant.data_shards);
             prefetch.control().set_batch(batch_of(&grant));
             let step_start = Instant::now();
+            // One trace per step: its pulls, compute, pushes (with their encoding) and the
+            // clock report are children, and the shards' handling of them joins it.
+            let step = tracing::info_span!(
+                "step",
+                otel.name = "train.step",
+                clock = grant.clock,
+                worker = %self.cfg.name,
+                ps_job = %spec.name,
+            );
+            let mut times = StepTimes::default();
             if self.cache.stale(grant.clock) {
-                self.pull_dense(grant.min_clock).await?;
+                self.pull_dense(grant.min_clock)
+                    .instrument(tracing::info_span!(parent: &step, "pull", kind = "dense"))
+                    .await?;
             }
+            times.pull = step_start.elapsed();
             let t0 = Instant::now();
             let batch = tokio::task::block_in_place(|| prefetch.next())
                 .context("the prefetch thread stopped")?;
             let waited_data = t0.elapsed();
+            times.data = waited_data;
             if !self.net.sparse_tables().is_empty() {
-                self.pull_rows(&batch).await?;
+                let t = Instant::now();
+                self.pull_rows(&batch)
+                    .instrument(tracing::info_span!(parent: &step, "pull", kind = "sparse"))
+                    .await?;
+                times.pull += t.elapsed();
             }
             // Scale so the sum over every worker's push is the mean over the global batch.
             let global = if spec.global_batch > 0 {
@@ -271,14 +304,27 @@ impl<B: Backend + Clone> Trainer<B> {
             };
             let lr = self.cfg.lr_schedule.factor(grant.clock, spec.max_clocks);
             let compute_start = Instant::now();
-            let (loss, correct) =
-                tokio::task::block_in_place(|| self.compute(&batch, lr / global.max(1.0)))?;
+            let computing = tracing::info_span!(parent: &step, "compute", examples = batch.len());
+            let (loss, correct) = computing.in_scope(|| {
+                tokio::task::block_in_place(|| self.compute(&batch, lr / global.max(1.0)))
+            })?;
             let mut compute = compute_start.elapsed();
-            compute += self.emulation.slow_compute(compute).await;
+            compute += self
+                .emulation
+                .slow_compute(compute)
+                .instrument(computing)
+                .await;
             let epochs = self.job_epochs(&spec, grant.clock);
             self.warmup.apply(&self.ps, epochs)?;
-            let pushed = self.push().await?;
+            let (push_start, encoded_before) = (Instant::now(), self.ps.encode_time());
+            let pushed = self
+                .push()
+                .instrument(tracing::info_span!(parent: &step, "push"))
+                .await?;
+            times.encode = self.ps.encode_time().saturating_sub(encoded_before);
+            times.push = push_start.elapsed().saturating_sub(times.encode);
             compute += self.emulation.straggle(step_start.elapsed()).await;
+            times.compute = compute;
             let param_age = self.cache.age();
             window.add(batch.len(), loss, correct);
             let done_clock = grant.clock;
@@ -288,10 +334,22 @@ impl<B: Backend + Clone> Trainer<B> {
                     examples: batch.len() as u64,
                     compute: Some(compute),
                     param_age,
-                }) => g?,
+                    cpu: Some(Duration::from_secs_f64(ps_runtime::metrics::cpu_seconds())),
+                }).instrument(tracing::info_span!(parent: &step, "clock_wait")) => g?,
                 () = shutdown.cancelled() => break,
             };
             let wait = wait_start.elapsed();
+            times.wait = wait;
+            drop(step);
+            self.metrics.step(&StepFigures {
+                clock: done_clock,
+                examples: batch.len(),
+                loss: loss / batch.len().max(1) as f64,
+                accuracy: correct as f64 / batch.len().max(1) as f64,
+                wire_bytes: pushed.wire_bytes,
+                raw_bytes: pushed.raw_bytes,
+                times,
+            });
             self.run.step(&StepRecord {
                 worker: self.cfg.name.clone(),
                 clock: done_clock,
@@ -490,6 +548,7 @@ impl<B: Backend + Clone> Trainer<B> {
             train_s,
         };
         self.eval_time += eval_start.elapsed();
+        self.metrics.evaluated(e.test_accuracy, e.test_loss);
         self.run.eval(&e)?;
         Ok(e)
     }

@@ -133,6 +133,7 @@ impl<S: Store> Inner<S> {
         self.tables
             .write()
             .insert(spec.name.clone(), Arc::new(table));
+        crate::metrics::table_loaded(&spec);
         self.dense_cells_changed();
         tracing::info!(table = %spec.name, id, "table created");
         Ok((spec, true))

@@ -3,12 +3,13 @@
 //! each chunk's change since what the client was last sent, kept as a replica per (client,
 //! table, chunk) within a memory budget.
 
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use ps_core::request::DenseSlice;
 use ps_core::{Payload, PullDense, PullSparse, TableKind};
 
-use super::table::{Table, TableData};
+use super::table::{Table, TableData, ThreadCpu};
 use super::validate::wrong_kind;
 use super::{Engine, EngineError, Inner, Result};
 use crate::metrics as m;
@@ -31,6 +32,7 @@ pub struct PulledDense {
 
 /// Counts an answered payload's bytes.
 fn count_sent(table: &Table, payload: &Payload) {
+    table.moved(false, payload.data().len());
     m::wire_bytes(
         "pull",
         table.spec.name.as_str(),
@@ -45,24 +47,31 @@ impl<S: Store> Engine<S> {
     /// client's replica.
     pub fn pull_dense(&self, req: &PullDense) -> Result<PulledDense> {
         let table = self.table(&req.table)?;
+        let cpu = ThreadCpu::now();
+        let answer = self.pull_dense_from(&table, req);
+        table.charge(cpu);
+        answer
+    }
+
+    fn pull_dense_from(&self, table: &Arc<Table>, req: &PullDense) -> Result<PulledDense> {
         self.check_epoch(req.map_epoch)?;
         let (TableKind::Dense(shape), TableData::Dense(chunks)) = (&table.spec.kind, &table.data)
         else {
-            return Err(wrong_kind(&table));
+            return Err(wrong_kind(table));
         };
         // The answer's size is known before any of it is allocated.
         let answer = req.chunks.iter().fold(0u64, |n, &c| {
             let len = shape.chunk_len(c).unwrap_or(0) as u64;
             n.saturating_add(len * 4 + SLICE_OVERHEAD)
         });
-        self.check_answer(&table, answer, "pull fewer chunks per call")?;
+        self.check_answer(table, answer, "pull fewer chunks per call")?;
         let mut out = PulledDense {
             slices: Vec::with_capacity(req.chunks.len()),
             delta: Vec::new(),
         };
         let mut values = 0u64;
         for (i, &c) in req.chunks.iter().enumerate() {
-            let len = self.check_chunk(&table, shape, c)?;
+            let len = self.check_chunk(table, shape, c)?;
             // Every owned chunk is loaded with its table; check_chunk found this one owned.
             let cell = chunks
                 .get(&c)
@@ -76,7 +85,7 @@ impl<S: Store> Engine<S> {
                 None => Payload::encode_plain(current, req.accept),
                 Some(d) => {
                     let (payload, is_delta, version) = self.inner.delta_chunk(
-                        &table,
+                        table,
                         c,
                         current,
                         d.client_id,
@@ -87,7 +96,7 @@ impl<S: Store> Engine<S> {
                     payload
                 }
             };
-            count_sent(&table, &payload);
+            count_sent(table, &payload);
             out.slices.push(DenseSlice {
                 chunk: c,
                 values: payload,
@@ -102,14 +111,21 @@ impl<S: Store> Engine<S> {
     /// Reads rows of a sparse table in request order; unseen rows read as their initializer.
     pub fn pull_sparse(&self, req: &PullSparse) -> Result<Payload> {
         let table = self.table(&req.table)?;
+        let cpu = ThreadCpu::now();
+        let answer = self.pull_sparse_from(&table, req);
+        table.charge(cpu);
+        answer
+    }
+
+    fn pull_sparse_from(&self, table: &Arc<Table>, req: &PullSparse) -> Result<Payload> {
         self.check_epoch(req.map_epoch)?;
         let (TableKind::Sparse { dim }, TableData::Sparse(rows)) = (&table.spec.kind, &table.data)
         else {
-            return Err(wrong_kind(&table));
+            return Err(wrong_kind(table));
         };
-        self.check_ids(&table, &req.ids)?;
+        self.check_ids(table, &req.ids)?;
         let answer = (req.ids.len() as u64).saturating_mul(*dim as u64 * 4);
-        self.check_answer(&table, answer, "pull fewer ids per call")?;
+        self.check_answer(table, answer, "pull fewer ids per call")?;
         let dim = *dim as usize;
         let mut buf = vec![0.0f32; req.ids.len() * dim];
         for (&id, out) in req.ids.iter().zip(buf.chunks_exact_mut(dim)) {
@@ -121,7 +137,7 @@ impl<S: Store> Engine<S> {
         table.pulled(buf.len() as u64);
         m::pulled(table.spec.name.as_str(), "sparse", buf.len() as u64);
         let payload = Payload::encode_plain(&buf, req.accept);
-        count_sent(&table, &payload);
+        count_sent(table, &payload);
         Ok(payload)
     }
 }

@@ -63,6 +63,7 @@ impl<S: Store> Inner<S> {
             }
             self.memory_used
                 .fetch_add(table.memory_bytes(), Ordering::Relaxed);
+            crate::metrics::table_loaded(&table.spec);
             self.tables
                 .write()
                 .insert(table.spec.name.clone(), Arc::new(table));

@@ -86,6 +86,28 @@ pub(super) struct TableCounters {
     pub(super) pulls: AtomicU64,
     pub(super) values_pushed: AtomicU64,
     pub(super) values_pulled: AtomicU64,
+    /// CPU time this shard spent on the table: decoding pushes, applying them, answering
+    /// pulls (what a job's cost counts).
+    pub(super) cpu_ns: AtomicU64,
+    pub(super) bytes_received: AtomicU64,
+    pub(super) bytes_sent: AtomicU64,
+}
+
+/// The calling thread's CPU time at one moment: [`Table::charge`] adds what the thread spent
+/// since to a table. Thread time, not process time: other tables' work on other threads does
+/// not count.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct ThreadCpu(u64);
+
+impl ThreadCpu {
+    pub(super) fn now() -> Self {
+        use nix::time::{ClockId, clock_gettime};
+        Self(
+            clock_gettime(ClockId::CLOCK_THREAD_CPUTIME_ID).map_or(0, |t| {
+                (t.tv_sec() as u64).saturating_mul(1_000_000_000) + t.tv_nsec() as u64
+            }),
+        )
+    }
 }
 
 /// A table held by this shard.
@@ -165,7 +187,26 @@ impl Table {
             values_pulled: self.counters.values_pulled.load(Ordering::Relaxed),
             load_error: String::new(),
             memory_bytes: self.memory_bytes(),
+            cpu_seconds: self.counters.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
+            bytes_received: self.counters.bytes_received.load(Ordering::Relaxed),
+            bytes_sent: self.counters.bytes_sent.load(Ordering::Relaxed),
         }
+    }
+
+    /// Adds the CPU time this thread spent since `since` to the table's.
+    pub(super) fn charge(&self, since: ThreadCpu) {
+        let spent = ThreadCpu::now().0.saturating_sub(since.0);
+        self.counters.cpu_ns.fetch_add(spent, Ordering::Relaxed);
+    }
+
+    /// Counts payload bytes received (pushes) or sent (pulls) for the table.
+    pub(super) fn moved(&self, received: bool, bytes: usize) {
+        let c = if received {
+            &self.counters.bytes_received
+        } else {
+            &self.counters.bytes_sent
+        };
+        c.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
     /// Bytes this table's cells take on this shard.

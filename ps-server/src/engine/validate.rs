@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use ps_core::request::DenseSlice;
 use ps_core::{NonFinitePolicy, Payload, PushDense, PushSparse, TableKind, ValidationError};
 
-use super::table::{Table, TableData};
+use super::table::{Table, TableData, ThreadCpu};
 use super::{Engine, EngineError, Job, PushOutcome, Result};
 use crate::metrics as m;
 use crate::store::Store;
@@ -21,6 +21,7 @@ fn decode_received(table: &Table, field: &str, p: &Payload) -> Result<Payload> {
         p.encoding(),
         p.data().len(),
     );
+    table.moved(true, p.data().len());
     p.decoded().map_err(|e| EngineError::Decode {
         field: field.to_owned(),
         encoding: p.encoding(),
@@ -50,8 +51,11 @@ impl<S: Store> Engine<S> {
         // decoded, and their decoded size against the queue's budget before it is allocated.
         let values = (req.slices.iter()).fold(0u64, |n, s| n.saturating_add(s.values.len() as u64));
         let reserved = self.reserve("the push", values.saturating_mul(4)).await?;
+        let cpu = ThreadCpu::now();
         self.check_dense_slices(&table, &req.slices)?;
-        decode_dense_slices(&table, &mut req.slices)?;
+        let decoded = decode_dense_slices(&table, &mut req.slices);
+        table.charge(cpu);
+        decoded?;
         self.push(Job::Dense(table, req), reserved).await
     }
 
@@ -72,7 +76,10 @@ impl<S: Store> Engine<S> {
         let reserved = self
             .reserve("the push", (req.values.len() as u64).saturating_mul(4))
             .await?;
-        req.values = decode_received(&table, "values", &req.values)?;
+        let cpu = ThreadCpu::now();
+        let decoded = decode_received(&table, "values", &req.values);
+        table.charge(cpu);
+        req.values = decoded?;
         if table.spec.non_finite == NonFinitePolicy::Reject
             && let Some(i) = req.values.first_non_finite()
         {

@@ -11,7 +11,7 @@ use ps_core::{NonFinitePolicy, PushDense, PushSparse, TableKind};
 use tokio::sync::{mpsc, oneshot};
 
 use super::dedup::Dedup;
-use super::table::{Cell, Table, TableData};
+use super::table::{Cell, Table, TableData, ThreadCpu};
 use super::{Cmd, EngineError, Inner, Job, PushOutcome, Result};
 use crate::dense_log::DenseLog;
 use crate::metrics as m;
@@ -93,7 +93,12 @@ impl<S: Store> Inner<S> {
             let mut dedup = self.dedup.lock();
             pushes
                 .iter()
-                .map(|(job, _)| self.apply(job, &mut dedup, &mut batch, log.as_deref_mut()))
+                .map(|(job, _)| {
+                    let cpu = ThreadCpu::now();
+                    let r = self.apply(job, &mut dedup, &mut batch, log.as_deref_mut());
+                    job.table().charge(cpu);
+                    r
+                })
                 .collect()
         };
         let applied = results

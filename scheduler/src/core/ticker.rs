@@ -10,9 +10,14 @@ use crate::metrics as m;
 use crate::policy::WorkerId;
 use crate::state::{Job, JobState};
 
+/// How often the shards' statistics are read for the jobs' costs.
+const COST_POLL: Duration = Duration::from_secs(5);
+
 impl Scheduler {
     pub(super) async fn run_ticker(&self) {
         let mut last_save = Instant::now();
+        let mut last_metrics = Instant::now() - Duration::from_secs(1);
+        let mut last_poll = Instant::now();
         loop {
             tokio::select! {
                 () = tokio::time::sleep(self.inner.cfg.tick) => {}
@@ -31,6 +36,15 @@ impl Scheduler {
                     let _ = this.checkpoint(&job, false).await;
                 });
             }
+            if now.duration_since(last_metrics) >= Duration::from_secs(1) {
+                self.export_metrics(now);
+                last_metrics = now;
+            }
+            if now.duration_since(last_poll) >= COST_POLL {
+                last_poll = now;
+                let this = self.clone();
+                tokio::spawn(async move { this.poll_costs().await });
+            }
             let dirty = self.inner.state.lock().dirty;
             if dirty && now.duration_since(last_save) >= Duration::from_secs(1) {
                 if let Err(e) = self.save().await {
@@ -38,6 +52,50 @@ impl Scheduler {
                 }
                 last_save = now;
             }
+        }
+    }
+
+    /// Sets every job's gauges and the shards' (the families exist from the first tick).
+    fn export_metrics(&self, now: Instant) {
+        let mut st = self.inner.state.lock();
+        let epoch = st.cluster.epoch;
+        m::map_epoch(epoch);
+        m::shards(
+            st.cluster.shards.iter().filter(|s| s.is_some()).count(),
+            st.cluster.num_shards,
+        );
+        for job in st.jobs.values_mut() {
+            if job.state.is_terminal() {
+                job.cost.end();
+            }
+            m::job(&job.status(epoch, now));
+        }
+    }
+
+    /// Reads every shard's statistics and charges each job for its tables: the shards' CPU
+    /// time and bytes moved since the last poll, and the bytes its tables hold. Skipped while
+    /// a shard is missing (the next poll counts what it missed).
+    pub(super) async fn poll_costs(&self) {
+        let stats = match self.shards_client().await {
+            Ok(ps) => ps.stats().await,
+            Err(_) => return,
+        };
+        let Ok(stats) = stats else {
+            return;
+        };
+        let mut st = self.inner.state.lock();
+        for job in st.jobs.values_mut() {
+            let mut stored = 0u64;
+            for shard in &stats {
+                let tables: Vec<&ps_core::status::TableStats> = shard
+                    .tables
+                    .iter()
+                    .filter(|t| job.spec.table(&t.name).is_some())
+                    .collect();
+                stored += tables.iter().map(|t| t.memory_bytes).sum::<u64>();
+                job.cost.shard_tables(shard.shard_index, &tables);
+            }
+            job.cost.stored(stored);
         }
     }
 

@@ -20,7 +20,10 @@ use ps_proto::bulk;
 use ps_proto::v1 as pb;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
-use tonic::Status;
+use tonic::{Code, Status};
+use tracing::Instrument as _;
+
+use crate::trace;
 
 /// Connections kept idle per shard.
 const MAX_IDLE: usize = 32;
@@ -128,6 +131,20 @@ impl BulkPool {
         &self,
         mut req: pb::PushDenseRequest,
     ) -> Result<Option<pb::PushResponse>, Status> {
+        let span = trace::client_span(bulk::PUSH_DENSE_PATH, &self.addr());
+        req.trace_context = trace::context_map(&span);
+        let answer = self.push_dense_untraced(req).instrument(span.clone()).await;
+        trace::record_status(
+            &span,
+            answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
+        );
+        answer
+    }
+
+    async fn push_dense_untraced(
+        &self,
+        mut req: pb::PushDenseRequest,
+    ) -> Result<Option<pb::PushResponse>, Status> {
         let Some(mut s) = self.stream().await else {
             return Ok(None);
         };
@@ -154,6 +171,27 @@ impl BulkPool {
     /// Pulls `req` (plain f32), writing each answered chunk into its destination, in request
     /// order. `Ok(None)`: no connection could be made; pull through gRPC.
     pub(crate) async fn pull_dense(
+        &self,
+        req: &pb::PullDenseRequest,
+        dsts: &mut [Dst<'_>],
+    ) -> Result<Option<()>, Status> {
+        let span = trace::client_span(bulk::PULL_DENSE_PATH, &self.addr());
+        let req = pb::PullDenseRequest {
+            trace_context: trace::context_map(&span),
+            ..req.clone()
+        };
+        let answer = self
+            .pull_dense_untraced(&req, dsts)
+            .instrument(span.clone())
+            .await;
+        trace::record_status(
+            &span,
+            answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
+        );
+        answer
+    }
+
+    async fn pull_dense_untraced(
         &self,
         req: &pb::PullDenseRequest,
         dsts: &mut [Dst<'_>],

@@ -55,6 +55,7 @@ impl PsClient {
                         ratio,
                         versions,
                     }),
+                    trace_context: Default::default(),
                 };
                 let call = self.inner.call(shard, move |mut c, map_epoch| {
                     let req = pb::PullDenseRequest {

@@ -3,6 +3,8 @@
 //! a pull reassembled in place. Plain f32 goes over a shard's bulk stream where it has one.
 
 use std::ops::Range;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
 use ps_core::request::DenseSlice;
@@ -68,37 +70,43 @@ impl PsClient {
         );
         // Encode every slice under the table's lock (the residual is shared by this client's
         // pushes to the table), then send without it.
-        let requests: Vec<(usize, Vec<EncodedSlice>)> = {
-            let mut guard = sender.lock();
-            let Sender { enc, dense, .. } = &mut *guard;
-            let lossy = enc.options().keeps_residual();
-            if lossy {
-                dense
-                    .accumulate_at(shape.len() as usize, base as usize, grad)
-                    .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
-            }
-            let mut requests = Vec::with_capacity(plan.len());
-            for (shard, chunks) in plan {
-                let mut slices = Vec::with_capacity(chunks.len());
-                for c in chunks {
-                    let Some(r) = shape.chunk_range(c) else {
-                        continue;
-                    };
-                    let abs = r.start as usize..r.end as usize;
-                    let e = if lossy {
-                        dense
-                            .take(enc, abs.clone())
-                            .map_err(|e| ClientError::InvalidInput(e.to_string()))?
-                    } else {
-                        let rel = abs.start - base as usize..abs.end - base as usize;
-                        enc.encode(&grad[rel])
-                    };
-                    slices.push((c, abs, e));
+        let encoding = tracing::info_span!("encode", table = %spec.name, codec = %codec.push.codec);
+        let started = Instant::now();
+        let requests =
+            encoding.in_scope(|| -> Result<Vec<(usize, Vec<EncodedSlice>)>, ClientError> {
+                let mut guard = sender.lock();
+                let Sender { enc, dense, .. } = &mut *guard;
+                let lossy = enc.options().keeps_residual();
+                if lossy {
+                    dense
+                        .accumulate_at(shape.len() as usize, base as usize, grad)
+                        .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
                 }
-                requests.push((shard, slices));
-            }
-            requests
-        };
+                let mut requests = Vec::with_capacity(plan.len());
+                for (shard, chunks) in plan {
+                    let mut slices = Vec::with_capacity(chunks.len());
+                    for c in chunks {
+                        let Some(r) = shape.chunk_range(c) else {
+                            continue;
+                        };
+                        let abs = r.start as usize..r.end as usize;
+                        let e = if lossy {
+                            dense
+                                .take(enc, abs.clone())
+                                .map_err(|e| ClientError::InvalidInput(e.to_string()))?
+                        } else {
+                            let rel = abs.start - base as usize..abs.end - base as usize;
+                            enc.encode(&grad[rel])
+                        };
+                        slices.push((c, abs, e));
+                    }
+                    requests.push((shard, slices));
+                }
+                Ok(requests)
+            })?;
+        self.inner
+            .encode_nanos
+            .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let table = spec.name.to_string();
         let codec_name = codec.push.codec.to_string();
         // The wire form of each request: its shard, and its slices with whether they are all
@@ -130,6 +138,7 @@ impl PsClient {
                     push_id: Some(push_id),
                     map_epoch,
                     slices,
+                    trace_context: Default::default(),
                 };
                 async move {
                     if plain
@@ -256,6 +265,7 @@ impl PsClient {
                 accept: ps_core::payload::encoding_to_pb(accept) as i32,
                 map_epoch: 0,
                 delta: None,
+                trace_context: Default::default(),
             };
             let dsts = tokio::sync::Mutex::new(dsts);
             async move {

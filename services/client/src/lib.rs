@@ -38,6 +38,7 @@ mod push;
 pub mod scheduler;
 mod seq;
 mod sparse;
+pub mod trace;
 mod transport;
 
 use std::collections::HashMap;
@@ -108,6 +109,7 @@ impl PsClient {
             map_epoch: AtomicU64::new(cfg.map_epoch),
             link,
             cfg,
+            encode_nanos: AtomicU64::new(0),
         };
         let n = this.num_shards;
         let infos = this
@@ -179,6 +181,12 @@ impl PsClient {
 
     pub fn partitioner(&self) -> &Partitioner {
         &self.inner.partitioner
+    }
+
+    /// Time this client has spent encoding dense pushes (the codec and its error feedback),
+    /// over its life: what a training step spends on compression.
+    pub fn encode_time(&self) -> std::time::Duration {
+        std::time::Duration::from_nanos(self.inner.encode_nanos.load(Ordering::Relaxed))
     }
 
     /// The shard-map epoch this client routes with (0 when no scheduler manages the map).

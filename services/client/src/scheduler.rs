@@ -32,13 +32,14 @@ use ps_proto::v1::scheduler_client::SchedulerClient as Raw;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::trace::Traced;
 use crate::{ClientConfig, ClientError, PsClient};
 
 /// A connection to the scheduler. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SchedulerClient {
     endpoint: String,
-    raw: Raw<Channel>,
+    raw: Raw<Traced<Channel>>,
     /// Attempts for a call answered `unavailable` (a scheduler restarting).
     max_attempts: u32,
 }
@@ -80,7 +81,7 @@ impl SchedulerClient {
         .connect_lazy();
         Ok(Self {
             endpoint: endpoint.to_owned(),
-            raw: Raw::new(channel)
+            raw: Raw::new(Traced::new(channel, endpoint))
                 .max_decoding_message_size(256 << 20)
                 .max_encoding_message_size(256 << 20),
             max_attempts: 1,
@@ -102,7 +103,7 @@ impl SchedulerClient {
 
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, ClientError>
     where
-        F: Fn(Raw<Channel>) -> Fut,
+        F: Fn(Raw<Traced<Channel>>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = Duration::from_millis(50);
@@ -294,6 +295,8 @@ pub struct ClockDone {
     pub compute: Option<Duration>,
     /// Time from the pull the clock trained on to its push being acknowledged.
     pub param_age: Duration,
+    /// CPU time the worker's process has used so far, for the job's cost.
+    pub cpu: Option<Duration>,
 }
 
 /// Permission to compute one clock.
@@ -484,6 +487,7 @@ impl WorkerSession {
             compute_us: compute.as_micros() as u64,
             param_age_us: done.param_age.as_micros() as u64,
             wait_ms: 0,
+            cpu_us: done.cpu.map_or(0, |c| c.as_micros() as u64),
         };
         loop {
             let r = self

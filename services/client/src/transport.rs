@@ -19,6 +19,10 @@ use crate::bulk::BulkPool;
 use crate::compress::Codecs;
 use crate::error::{self, ClientError, is_transient};
 use crate::link::{Link, LinkChannel};
+use crate::trace::Traced;
+
+/// A shard's gRPC channel: traced, through the link emulator.
+pub(crate) type ShardChannel = Traced<LinkChannel>;
 use crate::seq::SeqTracker;
 use crate::{ClientConfig, ShardInfo};
 
@@ -39,13 +43,16 @@ pub(crate) struct Inner {
     pub(crate) map_epoch: AtomicU64,
     /// The emulated link every shard connection shares, when one is set.
     pub(crate) link: Option<Arc<Link>>,
+    /// Nanoseconds spent encoding dense pushes (codec and error feedback), over the client's
+    /// life.
+    pub(crate) encode_nanos: AtomicU64,
 }
 
 /// One shard's connections: gRPC, and its bulk stream when it offers one.
 #[derive(Debug, Clone)]
 pub(crate) struct Shard {
     pub(crate) endpoint: String,
-    pub(crate) grpc: ParameterServerClient<LinkChannel>,
+    pub(crate) grpc: ParameterServerClient<ShardChannel>,
     pub(crate) bulk: Option<Arc<BulkPool>>,
 }
 
@@ -73,7 +80,7 @@ impl Inner {
     /// first fetches the map again, so a call follows a shard that moved.
     pub(crate) async fn call<T, F, Fut>(&self, shard: usize, mut f: F) -> Result<T, ClientError>
     where
-        F: FnMut(ParameterServerClient<LinkChannel>, u64) -> Fut,
+        F: FnMut(ParameterServerClient<ShardChannel>, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.call_shard(shard, |s, epoch| {
@@ -194,7 +201,7 @@ impl Inner {
     /// The same call on every shard, concurrently; answers in shard order.
     pub(crate) async fn all<T, F, Fut>(&self, f: F) -> Result<Vec<T>, ClientError>
     where
-        F: Fn(ParameterServerClient<LinkChannel>, u64) -> Fut,
+        F: Fn(ParameterServerClient<ShardChannel>, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         futures::future::try_join_all((0..self.num_shards).map(|s| self.call(s, &f))).await
@@ -221,7 +228,7 @@ pub(crate) fn shard_client(
     cfg: &ClientConfig,
     link: Option<Arc<Link>>,
     ep: &str,
-) -> Result<ParameterServerClient<LinkChannel>, ClientError> {
+) -> Result<ParameterServerClient<ShardChannel>, ClientError> {
     let endpoint = Endpoint::from_shared(ep.to_owned())
         .map_err(|e| ClientError::InvalidInput(format!("bad endpoint `{ep}`: {e}")))?
         .initial_stream_window_size(STREAM_WINDOW)
@@ -236,9 +243,10 @@ pub(crate) fn shard_client(
         Some(t) => endpoint.timeout(t),
         None => endpoint,
     };
-    Ok(
-        ParameterServerClient::new(LinkChannel::new(endpoint.connect_lazy(), link))
-            .max_decoding_message_size(usize::MAX)
-            .max_encoding_message_size(usize::MAX),
-    )
+    Ok(ParameterServerClient::new(Traced::new(
+        LinkChannel::new(endpoint.connect_lazy(), link),
+        ep,
+    ))
+    .max_decoding_message_size(usize::MAX)
+    .max_encoding_message_size(usize::MAX))
 }

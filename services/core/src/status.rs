@@ -120,6 +120,41 @@ pub struct JobStatus {
     /// The newest complete checkpoint's name.
     pub latest_checkpoint: Option<String>,
     pub advances_per_sec: f64,
+    pub cost: JobCost,
+}
+
+/// What a job has cost so far (wire form `JobCost`, which says what each figure counts).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct JobCost {
+    pub wall_seconds: f64,
+    pub worker_cpu_seconds: f64,
+    pub shard_cpu_seconds: f64,
+    pub bytes_moved: u64,
+    pub bytes_stored: u64,
+}
+
+impl From<JobCost> for pb::JobCost {
+    fn from(c: JobCost) -> Self {
+        Self {
+            wall_seconds: c.wall_seconds,
+            worker_cpu_seconds: c.worker_cpu_seconds,
+            shard_cpu_seconds: c.shard_cpu_seconds,
+            bytes_moved: c.bytes_moved,
+            bytes_stored: c.bytes_stored,
+        }
+    }
+}
+
+impl From<pb::JobCost> for JobCost {
+    fn from(c: pb::JobCost) -> Self {
+        Self {
+            wall_seconds: c.wall_seconds,
+            worker_cpu_seconds: c.worker_cpu_seconds,
+            shard_cpu_seconds: c.shard_cpu_seconds,
+            bytes_moved: c.bytes_moved,
+            bytes_stored: c.bytes_stored,
+        }
+    }
 }
 
 impl JobStatus {
@@ -167,7 +202,7 @@ pub struct ShardMap {
 }
 
 /// One table's counters on one shard.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct TableStats {
     pub name: String,
     /// Rows (sparse) or chunks (dense) stored on the shard.
@@ -180,10 +215,16 @@ pub struct TableStats {
     pub load_error: String,
     /// Bytes the table's cells take on this shard.
     pub memory_bytes: u64,
+    /// CPU time the shard spent on the table since it started: decoding pushes, applying
+    /// them, answering pulls.
+    pub cpu_seconds: f64,
+    /// Payload bytes of pushes received and of pulls sent since the shard started.
+    pub bytes_received: u64,
+    pub bytes_sent: u64,
 }
 
 /// A shard's counters.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct ShardStats {
     pub shard_index: u32,
     pub num_shards: u32,
@@ -272,6 +313,7 @@ impl From<JobStatus> for pb::JobStatus {
             staleness: Some(j.staleness.into()),
             latest_checkpoint: j.latest_checkpoint.unwrap_or_default(),
             advances_per_sec: j.advances_per_sec,
+            cost: Some(j.cost.into()),
         }
     }
 }
@@ -295,6 +337,7 @@ impl TryFrom<pb::JobStatus> for JobStatus {
             staleness: j.staleness.unwrap_or_default().into(),
             latest_checkpoint: (!j.latest_checkpoint.is_empty()).then_some(j.latest_checkpoint),
             advances_per_sec: j.advances_per_sec,
+            cost: j.cost.unwrap_or_default().into(),
         })
     }
 }
@@ -400,6 +443,9 @@ impl From<TableStats> for pb::TableStats {
             values_pulled: t.values_pulled,
             load_error: t.load_error,
             memory_bytes: t.memory_bytes,
+            cpu_seconds: t.cpu_seconds,
+            bytes_received: t.bytes_received,
+            bytes_sent: t.bytes_sent,
         }
     }
 }
@@ -415,6 +461,9 @@ impl From<pb::TableStats> for TableStats {
             values_pulled: t.values_pulled,
             load_error: t.load_error,
             memory_bytes: t.memory_bytes,
+            cpu_seconds: t.cpu_seconds,
+            bytes_received: t.bytes_received,
+            bytes_sent: t.bytes_sent,
         }
     }
 }

@@ -66,6 +66,19 @@ impl Service {
         logs: &Path,
         ready_file: bool,
     ) -> anyhow::Result<Self> {
+        Self::spawn_with_env(bin, name, args, logs, ready_file, &[])
+    }
+
+    /// [`Service::spawn`] with `env` set for the child besides what it inherits (an OTLP
+    /// collector's address, say).
+    pub fn spawn_with_env(
+        bin: &Path,
+        name: &str,
+        args: &[String],
+        logs: &Path,
+        ready_file: bool,
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(logs).with_context(|| format!("creating {}", logs.display()))?;
         let log = logs.join(format!("{name}.log"));
         let ready = logs.join(format!("{name}.ready"));
@@ -85,6 +98,7 @@ impl Service {
         if ready_file {
             cmd.arg("--ready-file").arg(&ready);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd
             .env("NO_COLOR", "1")
             .env(

@@ -63,6 +63,7 @@ where
         + 'static,
     S::Future: Send + 'static,
 {
+    crate::metrics::rpc_methods(S::NAME, &opts.descriptor_sets);
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_service_status("", ServingStatus::Serving)
@@ -113,6 +114,7 @@ where
         .layer(tower::util::MapResponseLayer::new(
             oversize_is_resource_exhausted,
         ))
+        .layer(crate::trace::ServerTraceLayer)
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(Some(1 << 20))

@@ -9,6 +9,7 @@
 //! - [`config`]: loading an optional TOML file of tunables;
 //! - [`service`]: the flags every service has (addresses, data dir, drain, ready file), once;
 //! - [`ready`]: the ready file a service writes with the addresses it got;
+//! - [`trace`]: each call answered in a server span joined to the caller's trace context;
 //! - [`status`]: refusals with a `google.rpc.ErrorInfo` reason, for any client to act on.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -22,5 +23,6 @@ pub mod service;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
+pub mod trace;
 
 pub use tokio_util::sync::CancellationToken;

@@ -12,6 +12,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::readiness::Readiness;
 
+mod process;
+pub use process::{cpu_seconds, watch_disk};
+
 /// Buckets for latencies in seconds: 50 µs to 10 s.
 const LATENCY_BUCKETS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
@@ -46,6 +49,8 @@ pub fn install(service: &'static str) -> anyhow::Result<PrometheusHandle> {
     );
     metrics::gauge!("ps_build_info", "service" => service, "version" => env!("CARGO_PKG_VERSION"))
         .set(1.0);
+    process::describe();
+    process::record();
     Ok(handle)
 }
 
@@ -63,7 +68,10 @@ pub async fn serve(
             "/metrics",
             get(move || {
                 let h = handle.clone();
-                async move { h.render() }
+                async move {
+                    process::record();
+                    h.render()
+                }
             }),
         )
         .route("/healthz", get(|| async { "ok\n" }))
@@ -125,4 +133,62 @@ pub async fn bind(
         None => None,
     };
     Ok((listener, metrics))
+}
+
+/// Counts an answered call by service, method and gRPC code, and times it: the RED figures of
+/// every service, kept by the server's trace layer ([`crate::trace::ServerTraceLayer`]) and by
+/// the shard's bulk stream for the calls it carries.
+pub fn rpc_answered(path: &str, code: tonic::Code, took: std::time::Duration) {
+    let (service, method) = crate::trace::rpc_name(path);
+    let service = ("rpc_service", service.to_owned());
+    let method = ("rpc_method", method.to_owned());
+    metrics::histogram!(
+        "ps_rpc_duration_seconds",
+        &[service.clone(), method.clone()]
+    )
+    .record(took.as_secs_f64());
+    metrics::counter!(
+        "ps_rpc_requests_total",
+        &[service, method, ("code", format!("{code:?}"))]
+    )
+    .increment(1);
+}
+
+/// Describes the RPC families and registers each method of the service `name` finds in
+/// `descriptor_sets` with zeros, so that rates and error ratios exist before the first call.
+pub(crate) fn rpc_methods(name: &str, descriptor_sets: &[&[u8]]) {
+    metrics::describe_counter!(
+        "ps_rpc_requests_total",
+        "Calls answered, by rpc_service, rpc_method and gRPC code."
+    );
+    metrics::describe_histogram!(
+        "ps_rpc_duration_seconds",
+        "Time to answer a call, by rpc_service and rpc_method."
+    );
+    for fds in descriptor_sets {
+        let Ok(set) = <prost_types::FileDescriptorSet as prost::Message>::decode(*fds) else {
+            continue;
+        };
+        for file in &set.file {
+            for svc in &file.service {
+                let full = format!("{}.{}", file.package(), svc.name());
+                if full != name {
+                    continue;
+                }
+                for m in &svc.method {
+                    let service = ("rpc_service", full.clone());
+                    let method = ("rpc_method", m.name().to_owned());
+                    let _ = metrics::histogram!(
+                        "ps_rpc_duration_seconds",
+                        &[service.clone(), method.clone()]
+                    );
+                    metrics::counter!(
+                        "ps_rpc_requests_total",
+                        &[service, method, ("code", "Ok".to_owned())]
+                    )
+                    .absolute(0);
+                }
+            }
+        }
+    }
 }

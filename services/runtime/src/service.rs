@@ -38,6 +38,8 @@ pub struct ServiceArgs {
     /// how a launcher learns the ports a `:0` address got.
     #[arg(long, env = "PS_READY_FILE")]
     pub ready_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub log: crate::telemetry::LogArgs,
 }
 
 /// The shared keys of a service's TOML file.
