@@ -6,7 +6,8 @@
 #       psctl, ps-probe. One image rather than one per service: they share their libraries and
 #       most of their code, a compose file or a manifest picks the command, and there is one
 #       thing to build, tag and ship. User 10001, state under /data.
-#   ps-prometheus:latest  Debian's prometheus (installed with apt when missing) and ps-probe.
+#   ps-prometheus:latest  Debian's prometheus (installed with apt when missing), its web UI,
+#       and ps-probe.
 #   ps-otel:latest        the rotel OTLP collector, from its PyPI wheel (which carries the
 #       binary), and ps-probe.
 #
@@ -22,7 +23,8 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 
 # scratch_image TAG CMD BINARY... : an image of BINARY (stripped, in /usr/local/bin), the
-# libraries they load, a user 10001 owning /data, and CMD (a JSON array) as its command.
+# libraries they load, the folders EXTRA names (links followed) less those PRUNE names, a user
+# 10001 owning /data, and CMD (a JSON array) as its command.
 scratch_image() {
   local image="$1" cmd="$2"
   shift 2
@@ -38,6 +40,13 @@ scratch_image() {
       | awk '/=> \// { print $3 } /^[ \t]*\/lib/ { print $1 }' | sort -u); do
     mkdir -p "$root$(dirname "$lib")"
     cp -L "$lib" "$root$lib"
+  done
+  for d in ${EXTRA:-}; do
+    mkdir -p "$root$(dirname "$d")"
+    cp -rL "$d" "$root$d"
+  done
+  for d in ${PRUNE:-}; do
+    rm -rf "${root:?}$d"
   done
   printf 'root:x:0:0:root:/:/usr/local/bin/ps-probe\nps:x:10001:10001:ps:/data:/usr/local/bin/ps-probe\n' \
     > "$root/etc/passwd"
@@ -67,7 +76,10 @@ if ! command -v prometheus >/dev/null 2>&1; then
   [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq prometheus >/dev/null
 fi
-scratch_image ps-prometheus:latest '["prometheus", "--help"]' \
+# With its web UI's templates and scripts (Debian keeps them apart from the binary), less the
+# time-zone database in its every source form (214 MiB; the UI loads one bundled script).
+EXTRA=/usr/share/prometheus/web PRUNE=/usr/share/prometheus/web/static/moment-timezone/data \
+  scratch_image ps-prometheus:latest '["prometheus", "--help"]' \
   "$(command -v prometheus)" "$(command -v promtool)" target/release/ps-probe
 
 wheel="$work/rotel-wheel"
