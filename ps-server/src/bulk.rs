@@ -282,7 +282,7 @@ async fn call<S: Store>(
 /// trace layer does for its calls.
 fn answered<T>(path: &str, span: &tracing::Span, answer: &Result<T, Status>, started: Instant) {
     let code = answer.as_ref().map_or_else(Status::code, |_| Code::Ok);
-    trace::record_status(span, code);
+    ps_client::trace::record_status(span, code);
     ps_runtime::metrics::rpc_answered(path, code, started.elapsed());
 }
 

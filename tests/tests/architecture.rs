@@ -24,7 +24,11 @@ fn layer(name: &str) -> u32 {
 }
 
 /// Dependencies within a layer that the rules allow.
-const ALSO: &[(&str, &str)] = &[];
+const ALSO: &[(&str, &str)] = &[
+    // The services' side of trace context keeps the SDK's span conventions
+    // (`ps_client::trace`); the SDK never depends on the runtime.
+    ("ps-runtime", "ps-client"),
+];
 
 struct Metadata {
     /// Workspace crate → its workspace dependencies (any kind), by name.

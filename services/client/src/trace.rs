@@ -5,6 +5,7 @@
 //! (`ps_runtime::trace`), so a worker's training step and the shards' work for it are one trace.
 //!
 //! With no trace exporter set up the spans are plain `tracing` spans and nothing is injected.
+//! The span conventions (names, attributes, status) are here for both sides.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -16,14 +17,29 @@ use tracing::Instrument as _;
 use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
+/// A method's path (`/ps.v1.ParameterServer/PushDense`) as its service and method names.
+pub fn rpc_name(path: &str) -> (&str, &str) {
+    let name = path.trim_start_matches('/');
+    name.rsplit_once('/').unwrap_or((name, ""))
+}
+
 /// The client span of one call to `path` (`/ps.v1.ParameterServer/PushDense`) at `peer`.
 pub fn client_span(path: &str, peer: &str) -> tracing::Span {
-    let name = path.trim_start_matches('/');
-    let (service, method) = name.rsplit_once('/').unwrap_or((name, ""));
+    rpc_span("client", path, Some(peer))
+}
+
+/// The server span of a call to `path`, as the services open it (`ps_runtime::trace`): the
+/// same attributes as the caller's span, seen from the other side.
+pub fn server_span(path: &str) -> tracing::Span {
+    rpc_span("server", path, None)
+}
+
+fn rpc_span(kind: &'static str, path: &str, peer: Option<&str>) -> tracing::Span {
+    let (service, method) = rpc_name(path);
     tracing::info_span!(
-        "rpc.client",
-        otel.name = name,
-        otel.kind = "client",
+        "rpc",
+        otel.name = path.trim_start_matches('/'),
+        otel.kind = kind,
         otel.status_code = Empty,
         rpc.system = "grpc",
         rpc.service = service,
@@ -33,7 +49,7 @@ pub fn client_span(path: &str, peer: &str) -> tracing::Span {
     )
 }
 
-/// Records a call's outcome on its client span.
+/// Records a call's outcome on its span, client's or server's.
 pub fn record_status(span: &tracing::Span, code: tonic::Code) {
     span.record("rpc.grpc.status_code", code as i32);
     if code != tonic::Code::Ok {

@@ -139,7 +139,7 @@ pub async fn bind(
 /// every service, kept by the server's trace layer ([`crate::trace::ServerTraceLayer`]) and by
 /// the shard's bulk stream for the calls it carries.
 pub fn rpc_answered(path: &str, code: tonic::Code, took: std::time::Duration) {
-    let (service, method) = crate::trace::rpc_name(path);
+    let (service, method) = ps_client::trace::rpc_name(path);
     let service = ("rpc_service", service.to_owned());
     let method = ("rpc_method", method.to_owned());
     metrics::histogram!(

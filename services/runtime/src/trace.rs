@@ -12,7 +12,6 @@ use opentelemetry::propagation::Extractor;
 use tower::Layer;
 use tower_service::Service;
 use tracing::Instrument as _;
-use tracing::field::Empty;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 struct Headers<'a>(&'a http::HeaderMap);
@@ -40,39 +39,11 @@ impl Extractor for Map<'_> {
 /// The server span of a call to `path` (`/ps.v1.ParameterServer/PushDense`), a child of the
 /// caller's span when `parent` (a bulk request's `trace_context`) names one.
 pub fn server_span(path: &str, parent: &HashMap<String, String>) -> tracing::Span {
-    let span = new_span(path);
+    let span = ps_client::trace::server_span(path);
     let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Map(parent)));
     // Fails only when no trace layer is installed: then there is nothing to join.
     let _ = span.set_parent(cx);
     span
-}
-
-/// A method's path (`/ps.v1.ParameterServer/PushDense`) as its service and method names.
-pub fn rpc_name(path: &str) -> (&str, &str) {
-    let name = path.trim_start_matches('/');
-    name.rsplit_once('/').unwrap_or((name, ""))
-}
-
-fn new_span(path: &str) -> tracing::Span {
-    let (service, method) = rpc_name(path);
-    tracing::info_span!(
-        "rpc.server",
-        otel.name = path.trim_start_matches('/'),
-        otel.kind = "server",
-        otel.status_code = Empty,
-        rpc.system = "grpc",
-        rpc.service = service,
-        rpc.method = method,
-        rpc.grpc.status_code = Empty,
-    )
-}
-
-/// Records a call's outcome on its server span.
-pub fn record_status(span: &tracing::Span, code: tonic::Code) {
-    span.record("rpc.grpc.status_code", code as i32);
-    if code != tonic::Code::Ok {
-        span.record("otel.status_code", "error");
-    }
 }
 
 /// Calls that get no span: load balancers' health checks and grpcurl's reflection, which would
@@ -116,7 +87,7 @@ where
             return Box::pin(self.inner.call(request));
         }
         let path = path.to_owned();
-        let span = new_span(&path);
+        let span = ps_client::trace::server_span(&path);
         let cx = opentelemetry::global::get_text_map_propagator(|p| {
             p.extract(&Headers(request.headers()))
         });
@@ -136,7 +107,7 @@ where
                         .map_or(tonic::Code::Ok, |s| s.code()),
                     Err(_) => tonic::Code::Internal,
                 };
-                record_status(&outcome, code);
+                ps_client::trace::record_status(&outcome, code);
                 crate::metrics::rpc_answered(&path, code, started.elapsed());
                 response
             }
