@@ -9,6 +9,7 @@
 //! worker and shard table is a baseline, not an increase (what ran between the last save and the
 //! restart is not counted).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -38,6 +39,9 @@ struct Seen {
 #[derive(Debug)]
 pub struct CostMeter {
     saved: SavedCost,
+    /// When the job was first seen ended (by a status read or the ticker's, within a second
+    /// of it): every later read gives the same wall time.
+    ended: Cell<Option<u64>>,
     /// Whether figures seen for the first time count whole (a job this process started) or
     /// only as a baseline (a job restored after a restart).
     fresh: bool,
@@ -70,6 +74,7 @@ impl CostMeter {
 
     fn with(saved: SavedCost, fresh: bool) -> Self {
         Self {
+            ended: Cell::new(saved.ended_unix_ms),
             saved,
             fresh,
             workers: HashMap::new(),
@@ -78,7 +83,10 @@ impl CostMeter {
     }
 
     pub fn save(&self) -> SavedCost {
-        self.saved
+        SavedCost {
+            ended_unix_ms: self.ended.get(),
+            ..self.saved
+        }
     }
 
     /// A worker's process has used `cpu` so far.
@@ -123,13 +131,17 @@ impl CostMeter {
         self.saved.bytes_stored = bytes;
     }
 
-    /// The job has ended (at the first call).
-    pub fn end(&mut self) {
-        self.saved.ended_unix_ms.get_or_insert_with(unix_ms);
-    }
-
-    pub fn cost(&self) -> JobCost {
-        let end = self.saved.ended_unix_ms.unwrap_or_else(unix_ms);
+    /// The cost so far; the wall time stops at the first call that says the job has `ended`.
+    pub fn cost(&self, ended: bool) -> JobCost {
+        let end = match self.ended.get() {
+            Some(t) => t,
+            None if ended => {
+                let t = unix_ms();
+                self.ended.set(Some(t));
+                t
+            }
+            None => unix_ms(),
+        };
         JobCost {
             wall_seconds: end.saturating_sub(self.saved.started_unix_ms) as f64 / 1e3,
             worker_cpu_seconds: self.saved.worker_cpu_seconds,
@@ -163,14 +175,14 @@ mod tests {
         m.worker_cpu(2, Duration::from_secs(1));
         // Worker 1 restarted: 1 s of a new process.
         m.worker_cpu(1, Duration::from_secs(1));
-        assert_eq!(m.cost().worker_cpu_seconds, 7.0);
+        assert_eq!(m.cost(false).worker_cpu_seconds, 7.0);
 
         m.shard_tables(0, &[&table("j/w", 1.0, 100, 50, 8)]);
         m.shard_tables(1, &[&table("j/w", 0.5, 10, 0, 8)]);
         m.shard_tables(0, &[&table("j/w", 1.5, 300, 50, 8)]);
         // Shard 1 restarted.
         m.shard_tables(1, &[&table("j/w", 0.25, 5, 5, 8)]);
-        let c = m.cost();
+        let c = m.cost(false);
         assert_eq!(c.shard_cpu_seconds, 2.25);
         assert_eq!(c.bytes_moved, 150 + 10 + 200 + 10);
     }
@@ -186,19 +198,23 @@ mod tests {
         });
         m.worker_cpu(1, Duration::from_secs(30));
         m.shard_tables(0, &[&table("j/w", 4.0, 500, 500, 8)]);
-        assert_eq!(m.cost().worker_cpu_seconds, 10.0);
-        assert_eq!(m.cost().bytes_moved, 1000);
+        assert_eq!(m.cost(false).worker_cpu_seconds, 10.0);
+        assert_eq!(m.cost(false).bytes_moved, 1000);
         m.worker_cpu(1, Duration::from_secs(31));
         m.shard_tables(0, &[&table("j/w", 4.5, 600, 500, 8)]);
-        let c = m.cost();
+        let c = m.cost(false);
         assert_eq!(
             (c.worker_cpu_seconds, c.shard_cpu_seconds, c.bytes_moved),
             (11.0, 1.5, 1100)
         );
         assert!(c.wall_seconds >= 5.0);
-        m.end();
-        let ended = m.cost().wall_seconds;
+        let ended = m.cost(true).wall_seconds;
         std::thread::sleep(Duration::from_millis(20));
-        assert_eq!(m.cost().wall_seconds, ended, "the clock stops at the end");
+        assert_eq!(
+            m.cost(false).wall_seconds,
+            ended,
+            "the clock stops at the end"
+        );
+        assert_eq!(CostMeter::restore(m.save()).cost(false).wall_seconds, ended);
     }
 }

@@ -622,7 +622,7 @@ impl Job {
             staleness: self.stats.stats(),
             latest_checkpoint: self.checkpoints.last().map(|c| c.name.clone()),
             advances_per_sec: self.advances_per_sec(now),
-            cost: self.cost.cost(),
+            cost: self.cost.cost(self.state.is_terminal()),
         }
     }
 

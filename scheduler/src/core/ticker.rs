@@ -57,17 +57,15 @@ impl Scheduler {
 
     /// Sets every job's gauges and the shards' (the families exist from the first tick).
     fn export_metrics(&self, now: Instant) {
-        let mut st = self.inner.state.lock();
+        let st = self.inner.state.lock();
         let epoch = st.cluster.epoch;
         m::map_epoch(epoch);
         m::shards(
             st.cluster.shards.iter().filter(|s| s.is_some()).count(),
             st.cluster.num_shards,
         );
-        for job in st.jobs.values_mut() {
-            if job.state.is_terminal() {
-                job.cost.end();
-            }
+        // A status read also stops an ended job's wall time.
+        for job in st.jobs.values() {
             m::job(&job.status(epoch, now));
         }
     }
