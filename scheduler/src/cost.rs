@@ -108,8 +108,14 @@ impl CostMeter {
     /// by.
     pub fn shard_tables(&mut self, shard: u32, tables: &[&TableStats]) {
         for t in tables {
+            // A shard's figure is not trusted to be a number.
+            let cpu = t.cpu_seconds;
             let now = Seen {
-                cpu_seconds: t.cpu_seconds,
+                cpu_seconds: if cpu.is_finite() && cpu >= 0.0 {
+                    cpu
+                } else {
+                    0.0
+                },
                 bytes: t.bytes_received.saturating_add(t.bytes_sent),
             };
             let (cpu, bytes) = match self.tables.insert((shard, t.name.clone()), now) {
@@ -185,6 +191,11 @@ mod tests {
         let c = m.cost(false);
         assert_eq!(c.shard_cpu_seconds, 2.25);
         assert_eq!(c.bytes_moved, 150 + 10 + 200 + 10);
+        // Nonsense from a shard counts as nothing, and the totals stay numbers.
+        m.shard_tables(2, &[&table("j/w", f64::NAN, 0, 0, 8)]);
+        m.shard_tables(2, &[&table("j/w", f64::INFINITY, 0, 0, 8)]);
+        m.shard_tables(2, &[&table("j/w", -1.0, 0, 0, 8)]);
+        assert_eq!(m.cost(false).shard_cpu_seconds, 2.25);
     }
 
     #[test]
