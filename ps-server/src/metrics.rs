@@ -96,6 +96,7 @@ pub fn table_loaded(spec: &ps_core::TableSpec) {
             .increment(0);
     }
     counter!("ps_push_values_total", "table" => table.clone()).increment(0);
+    counter!("ps_push_skipped_non_finite_total", "table" => table.clone()).increment(0);
     counter!("ps_pull_requests_total", "table" => table.clone(), "kind" => kind).increment(0);
     counter!("ps_pull_values_total", "table" => table).increment(0);
 }
@@ -106,10 +107,7 @@ pub fn push_done(table: &str, kind: &'static str, duplicate: bool, applied: u64,
     counter!("ps_push_requests_total", "table" => table.to_owned(), "kind" => kind, "outcome" => outcome)
         .increment(1);
     counter!("ps_push_values_total", "table" => table.to_owned()).increment(applied);
-    if skipped > 0 {
-        counter!("ps_push_skipped_non_finite_total", "table" => table.to_owned())
-            .increment(skipped);
-    }
+    counter!("ps_push_skipped_non_finite_total", "table" => table.to_owned()).increment(skipped);
 }
 
 /// Counts a push the writer could not apply.

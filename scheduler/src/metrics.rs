@@ -119,6 +119,13 @@ pub fn job(st: &ps_core::status::JobStatus) {
     gauge!("ps_sched_job_bytes_stored", "ps_job" => job.clone()).set(c.bytes_stored as f64);
     gauge!("ps_sched_job_wall_seconds", "ps_job" => job.clone()).set(c.wall_seconds);
     counter!("ps_sched_clock_advances_total", "ps_job" => job.clone()).increment(0);
+    // The histograms exist once their labels do: the job's, and each member's.
+    let _ = histogram!("ps_sched_param_age_seconds", "ps_job" => job.clone());
+    for w in &st.workers {
+        let worker = w.worker_id.to_string();
+        let _ = histogram!("ps_sched_clock_gap_size", "ps_job" => job.clone(), "worker" => worker.clone());
+        let _ = histogram!("ps_sched_wait_seconds", "ps_job" => job.clone(), "worker" => worker);
+    }
     for outcome in ["ok", "error"] {
         counter!("ps_sched_checkpoints_total", "ps_job" => job.clone(), "outcome" => outcome)
             .increment(0);

@@ -205,6 +205,7 @@ async fn families_exist_from_start_up_workers_serve_metrics_and_jobs_show_their_
             "ps_sched_job_cpu_seconds",
             "ps_sched_job_bytes_moved",
             "ps_sched_job_wall_seconds",
+            "ps_sched_param_age_seconds",
         ],
     );
     assert_eq!(
@@ -265,6 +266,33 @@ async fn families_exist_from_start_up_workers_serve_metrics_and_jobs_show_their_
             "ps_worker_push_raw_bytes_total",
             "ps_worker_compression_ratio",
         ],
+    );
+    // The scheduler's per-member histograms exist once the worker has joined; the shard's
+    // per-table series once the job's table exists.
+    let text_sched = scrape(sched_metrics).await;
+    check_families(
+        "scheduler",
+        &text_sched,
+        &["ps_sched_clock_gap_size", "ps_sched_wait_seconds"],
+    );
+    let text_shard = scrape(shard_metrics).await;
+    check_families(
+        "ps-server",
+        &text_shard,
+        &[
+            "ps_push_requests_total",
+            "ps_push_values_total",
+            "ps_push_skipped_non_finite_total",
+            "ps_pull_requests_total",
+            "ps_pull_values_total",
+        ],
+    );
+    assert_eq!(
+        value(
+            &text_shard,
+            "ps_push_skipped_non_finite_total{table=\"cost/count\"}"
+        ),
+        0.0
     );
     let labels = "ps_job=\"cost\",worker=\"w0\"";
     for phase in ["pull", "data", "compute", "encode", "push", "wait"] {
