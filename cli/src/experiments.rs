@@ -329,7 +329,7 @@ pub async fn run(a: &ExperimentArgs) -> anyhow::Result<()> {
     let report = report(a, &reported, &results);
     std::fs::write(&a.report, &report)
         .with_context(|| format!("writing {}", a.report.display()))?;
-    println!("{report}");
+    crate::outln!("{report}");
     eprintln!(
         "wrote {}, {}/results.json and the plots in {}",
         a.report.display(),

@@ -172,7 +172,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
             if cli.json {
                 print_json(&job_json(&st));
             } else {
-                println!("submitted job `{}`", spec.name);
+                ps_cli::outln!("submitted job `{}`", spec.name);
                 print_job(&st);
             }
         }
@@ -191,14 +191,20 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                     jobs.iter().map(job_json).collect(),
                 ));
             } else if jobs.is_empty() {
-                println!("no jobs");
+                ps_cli::outln!("no jobs");
             } else {
-                println!(
+                ps_cli::outln!(
                     "{:<24} {:<10} {:<8} {:>7} {:>7} {:>8} {:>9}",
-                    "JOB", "STATE", "MODEL", "WORKERS", "MIN", "MAX", "ADV/S"
+                    "JOB",
+                    "STATE",
+                    "MODEL",
+                    "WORKERS",
+                    "MIN",
+                    "MAX",
+                    "ADV/S"
                 );
                 for j in &jobs {
-                    println!(
+                    ps_cli::outln!(
                         "{:<24} {:<10} {:<8} {:>7} {:>7} {:>8} {:>9.1}",
                         j.spec.name,
                         j.state,
@@ -213,14 +219,14 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         }
         Cmd::Cancel { job } => {
             let st = s.cancel(job).await?;
-            println!("job `{job}` is {}", st.state);
+            ps_cli::outln!("job `{job}` is {}", st.state);
         }
         Cmd::Checkpoint { job } => {
             let c = s.checkpoint(job).await?;
             if cli.json {
                 print_json(&checkpoint_json(&c));
             } else {
-                println!(
+                ps_cli::outln!(
                     "checkpoint `{}` of job `{job}` at clock {} ({} shards, {} bytes)",
                     c.name,
                     c.clock,
@@ -236,14 +242,17 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                     cs.iter().map(checkpoint_json).collect(),
                 ));
             } else if cs.is_empty() {
-                println!("job `{job}` has no checkpoints");
+                ps_cli::outln!("job `{job}` has no checkpoints");
             } else {
-                println!(
+                ps_cli::outln!(
                     "{:<32} {:>8} {:>7} {:>12}",
-                    "NAME", "CLOCK", "SHARDS", "BYTES"
+                    "NAME",
+                    "CLOCK",
+                    "SHARDS",
+                    "BYTES"
                 );
                 for c in &cs {
-                    println!(
+                    ps_cli::outln!(
                         "{:<32} {:>8} {:>7} {:>12}",
                         c.name,
                         c.clock,
@@ -255,7 +264,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
         }
         Cmd::Resume { job, checkpoint } => {
             let st = s.resume(job, checkpoint.as_deref()).await?;
-            println!(
+            ps_cli::outln!(
                 "job `{job}` resumed from {}; workers restart at clock {}",
                 match checkpoint.clone().or(st.latest_checkpoint) {
                     Some(name) => format!("`{name}`"),
@@ -273,14 +282,14 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                     "complete": m.complete,
                 }));
             } else {
-                println!(
+                ps_cli::outln!(
                     "map epoch {}, {} shards ({}):",
                     m.epoch,
                     m.num_shards,
                     if m.complete { "complete" } else { "incomplete" }
                 );
                 for (i, e) in m.endpoints.iter().enumerate() {
-                    println!(
+                    ps_cli::outln!(
                         "  shard {i}: {}",
                         if e.is_empty() { "(not registered)" } else { e }
                     );
@@ -308,13 +317,13 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 }
                 print_json(&o);
             } else {
-                println!(
+                ps_cli::outln!(
                     "table `{table}`: {} values, min {min}, max {max}, mean {mean}, sum {sum}",
                     v.len()
                 );
                 if *values {
                     for x in &v {
-                        println!("{x}");
+                        ps_cli::outln!("{x}");
                     }
                 }
             }
@@ -335,7 +344,7 @@ async fn local(args: &ps_cli::local::LocalArgs, json: bool) -> Result<(), Failur
                 }));
             } else {
                 let auc = e.auc.map(|a| format!(", AUC {a:.4}")).unwrap_or_default();
-                println!(
+                ps_cli::outln!(
                     "{} on {}: test accuracy {:.2}%{auc} after {} epochs ({} clocks, {:.0} s)",
                     o.result.model,
                     o.result.dataset,
@@ -344,7 +353,7 @@ async fn local(args: &ps_cli::local::LocalArgs, json: bool) -> Result<(), Failur
                     o.result.clocks,
                     o.wall.as_secs_f64()
                 );
-                println!(
+                ps_cli::outln!(
                     "run directory: {} (eval.jsonl, curves.svg, model.safetensors, logs/)",
                     o.run_dir.display()
                 );

@@ -1,18 +1,44 @@
 //! How `psctl` shows what the scheduler reports: tables for people, JSON for scripts.
 
+use std::io::Write as _;
+
 use ps_core::status::{JobCheckpoint, JobStatus};
+
+/// `println!` for psctl's output: a reader that went away (`psctl status | head`) ends psctl
+/// quietly, as a closed pipe ends other command-line tools, instead of a panic.
+#[macro_export]
+macro_rules! outln {
+    ($($t:tt)*) => {
+        $crate::print::line(format_args!($($t)*))
+    };
+}
+
+/// Writes one line to stdout (see [`outln!`]).
+pub fn line(args: std::fmt::Arguments<'_>) {
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{args}") {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("psctl: writing the output: {e}");
+        std::process::exit(1);
+    }
+}
 
 /// A job, its figures and its members, as a table.
 pub fn print_job(j: &JobStatus) {
     let st = &j.staleness;
-    println!(
+    outln!(
         "job {}  {}  {}  shards {}  map epoch {}",
-        j.spec.name, j.state, j.spec.consistency, j.spec.num_shards, j.map_epoch
+        j.spec.name,
+        j.state,
+        j.spec.consistency,
+        j.spec.num_shards,
+        j.map_epoch
     );
     if !j.message.is_empty() {
-        println!("  {}", j.message);
+        outln!("  {}", j.message);
     }
-    println!(
+    outln!(
         "  clocks {}..{}  {:.1} advances/s  gap max {} mean {:.2}  wait total {:.0} ms p99 {:.2} ms  param age {:.1} ms",
         j.min_clock,
         j.max_clock,
@@ -24,10 +50,10 @@ pub fn print_job(j: &JobStatus) {
         st.param_age_ms_mean
     );
     if let Some(c) = &j.latest_checkpoint {
-        println!("  latest checkpoint {c}");
+        outln!("  latest checkpoint {c}");
     }
     let c = &j.cost;
-    println!(
+    outln!(
         "  cost  wall {:.1} s  CPU {:.1} s (workers {:.1}, shards {:.1})  moved {}  stored {}",
         c.wall_seconds,
         c.worker_cpu_seconds + c.shard_cpu_seconds,
@@ -36,12 +62,21 @@ pub fn print_job(j: &JobStatus) {
         bytes(c.bytes_moved),
         bytes(c.bytes_stored)
     );
-    println!(
+    outln!(
         "  {:>6} {:<16} {:<5} {:>7} {:>5} {:>6} {:>10} {:>7} {:>9} {:<12}",
-        "ID", "NAME", "LIVE", "CLOCK", "GAP", "BATCH", "EX/S", "MAXGAP", "WAIT MS", "DATA"
+        "ID",
+        "NAME",
+        "LIVE",
+        "CLOCK",
+        "GAP",
+        "BATCH",
+        "EX/S",
+        "MAXGAP",
+        "WAIT MS",
+        "DATA"
     );
     for w in &j.workers {
-        println!(
+        outln!(
             "  {:>6} {:<16} {:<5} {:>7} {:>5} {:>6} {:>10.0} {:>7} {:>9.1} {:<12}",
             w.worker_id,
             w.name,
@@ -113,5 +148,5 @@ pub fn checkpoint_json(c: &JobCheckpoint) -> serde_json::Value {
 }
 
 pub fn print_json(v: &serde_json::Value) {
-    println!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
+    outln!("{}", serde_json::to_string_pretty(v).unwrap_or_default());
 }

@@ -282,6 +282,18 @@ async fn psctl_exit_codes_say_what_went_wrong() {
         assert_eq!(got, Some(code), "psctl {args:?}: {text}");
         assert!(text.contains(words), "psctl {args:?}: {text}");
     }
+    // A reader that went away (`psctl status | head`): psctl ends quietly, no panic.
+    let mut child = Command::new(ps_launch::binary("psctl").unwrap())
+        .args(["--scheduler", &url, "status", "j"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(err.is_empty(), "{err}");
 }
 
 /// Runs `psctl --scheduler URL ARGS...`; returns its exit code and what it printed (stdout,
