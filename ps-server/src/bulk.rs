@@ -7,7 +7,7 @@
 
 use std::io;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use prost::Message;
@@ -24,7 +24,6 @@ use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Status};
-use tracing::Instrument as _;
 
 use crate::service::PsService;
 use crate::store::Store;
@@ -227,28 +226,22 @@ async fn call<S: Store>(
             };
             let body = read_body(sock, len, timeout).await?;
             bulk::put_slice_data(&mut req.slices, body);
-            let started = Instant::now();
-            let span = trace::server_span(PUSH_DENSE_PATH, &req.trace_context);
-            let answer = svc
-                .push_dense(Request::new(req))
-                .instrument(span.clone())
-                .await;
-            answered(PUSH_DENSE_PATH, &span, &answer, started);
+            let parent = std::mem::take(&mut req.trace_context);
+            let answer =
+                trace::serve_bulk(PUSH_DENSE_PATH, &parent, svc.push_dense(Request::new(req)))
+                    .await;
             Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
         }
         bulk::PULL_DENSE => {
             discard(sock, head.body_len, timeout).await?;
-            let req = match pull_header(head, header) {
+            let mut req = match pull_header(head, header) {
                 Ok(r) => r,
                 Err(refused) => return Ok(Err(refused)),
             };
-            let started = Instant::now();
-            let span = trace::server_span(PULL_DENSE_PATH, &req.trace_context);
-            let answer = svc
-                .pull_dense(Request::new(req))
-                .instrument(span.clone())
-                .await;
-            answered(PULL_DENSE_PATH, &span, &answer, started);
+            let parent = std::mem::take(&mut req.trace_context);
+            let answer =
+                trace::serve_bulk(PULL_DENSE_PATH, &parent, svc.pull_dense(Request::new(req)))
+                    .await;
             Ok(match answer {
                 Ok(r) => {
                     let mut r = r.into_inner();
@@ -276,14 +269,6 @@ async fn call<S: Store>(
             )))
         }
     }
-}
-
-/// Records a bulk call's outcome on its span and in the RPC metrics, as the gRPC server's
-/// trace layer does for its calls.
-fn answered<T>(path: &str, span: &tracing::Span, answer: &Result<T, Status>, started: Instant) {
-    let code = answer.as_ref().map_or_else(Status::code, |_| Code::Ok);
-    ps_client::trace::record_status(span, code);
-    ps_runtime::metrics::rpc_answered(path, code, started.elapsed());
 }
 
 /// A push's header, checked against its body before the body is read.

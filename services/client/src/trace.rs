@@ -49,6 +49,13 @@ fn rpc_span(kind: &'static str, path: &str, peer: Option<&str>) -> tracing::Span
     )
 }
 
+/// The gRPC code of an answer, from its headers: a refusal carries grpc-status there; an answer
+/// without it reports its code in the trailers, OK unless the body says otherwise (which the
+/// caller sees).
+pub fn answer_code(headers: &http::HeaderMap) -> tonic::Code {
+    tonic::Status::from_header_map(headers).map_or(tonic::Code::Ok, |s| s.code())
+}
+
 /// Records a call's outcome on its span, client's or server's.
 pub fn record_status(span: &tracing::Span, code: tonic::Code) {
     span.record("rpc.grpc.status_code", code as i32);
@@ -128,13 +135,7 @@ where
             async move {
                 let response = call.await;
                 match &response {
-                    // An answer without grpc-status in its headers reports it in its trailers:
-                    // OK unless the body says otherwise, which the caller sees.
-                    Ok(r) => record_status(
-                        &outcome,
-                        tonic::Status::from_header_map(r.headers())
-                            .map_or(tonic::Code::Ok, |s| s.code()),
-                    ),
+                    Ok(r) => record_status(&outcome, answer_code(r.headers())),
                     Err(_) => record_status(&outcome, tonic::Code::Unavailable),
                 }
                 response

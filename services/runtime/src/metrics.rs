@@ -138,7 +138,7 @@ pub async fn bind(
 /// Counts an answered call by service, method and gRPC code, and times it: the RED figures of
 /// every service, kept by the server's trace layer ([`crate::trace::ServerTraceLayer`]) and by
 /// the shard's bulk stream for the calls it carries.
-pub fn rpc_answered(path: &str, code: tonic::Code, took: std::time::Duration) {
+pub(crate) fn rpc_answered(path: &str, code: tonic::Code, took: std::time::Duration) {
     let (service, method) = ps_client::trace::rpc_name(path);
     let service = ("rpc_service", service.to_owned());
     let method = ("rpc_method", method.to_owned());

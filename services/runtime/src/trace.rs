@@ -7,6 +7,7 @@
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use opentelemetry::propagation::Extractor;
 use tower::Layer;
@@ -36,14 +37,31 @@ impl Extractor for Map<'_> {
     }
 }
 
-/// The server span of a call to `path` (`/ps.v1.ParameterServer/PushDense`), a child of the
-/// caller's span when `parent` (a bulk request's `trace_context`) names one.
-pub fn server_span(path: &str, parent: &HashMap<String, String>) -> tracing::Span {
+/// Runs a call the bulk stream carries as the gRPC server runs its own: in a server span for
+/// `path` (`/ps.v1.ParameterServer/PushDense`) under the caller's context (`parent`, the
+/// request's `trace_context`), its outcome recorded on the span and in the RPC metrics.
+pub async fn serve_bulk<T>(
+    path: &str,
+    parent: &HashMap<String, String>,
+    call: impl Future<Output = Result<T, tonic::Status>>,
+) -> Result<T, tonic::Status> {
     let span = ps_client::trace::server_span(path);
     let cx = opentelemetry::global::get_text_map_propagator(|p| p.extract(&Map(parent)));
     // Fails only when no trace layer is installed: then there is nothing to join.
     let _ = span.set_parent(cx);
-    span
+    let started = Instant::now();
+    let answer = call.instrument(span.clone()).await;
+    let code = answer
+        .as_ref()
+        .map_or_else(tonic::Status::code, |_| tonic::Code::Ok);
+    answered(&span, path, code, started);
+    answer
+}
+
+/// Closes a call: its gRPC code on its server span, and the call in the RPC metrics.
+fn answered(span: &tracing::Span, path: &str, code: tonic::Code, started: Instant) {
+    ps_client::trace::record_status(span, code);
+    crate::metrics::rpc_answered(path, code, started.elapsed());
 }
 
 /// Calls that get no span: load balancers' health checks and grpcurl's reflection, which would
@@ -97,18 +115,15 @@ where
             self.inner.call(request)
         };
         let outcome = span.clone();
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         Box::pin(
             async move {
                 let response = call.await;
-                // Refusals carry grpc-status in the headers; an answer's OK is in its trailers.
                 let code = match &response {
-                    Ok(r) => tonic::Status::from_header_map(r.headers())
-                        .map_or(tonic::Code::Ok, |s| s.code()),
+                    Ok(r) => ps_client::trace::answer_code(r.headers()),
                     Err(_) => tonic::Code::Internal,
                 };
-                ps_client::trace::record_status(&outcome, code);
-                crate::metrics::rpc_answered(&path, code, started.elapsed());
+                answered(&outcome, &path, code, started);
                 response
             }
             .instrument(span),
