@@ -112,6 +112,112 @@ pub struct LocalArgs {
     /// No progress bar (for logs and scripts).
     #[arg(long)]
     pub quiet: bool,
+    /// Mutual TLS on every connection, with the certificates `scripts/dev-certs.sh DIR` made
+    /// (ca.pem; server.pem and server.key serve and identify every process).
+    #[arg(long)]
+    pub tls_dir: Option<PathBuf>,
+    /// A bearer token for every process (the scheduler and psctl operators, the shards, the
+    /// workers), checked by every service: `<run>/security/` holds them and the tokens file.
+    #[arg(long)]
+    pub auth: bool,
+}
+
+/// What a local cluster's processes are started with to run with TLS and tokens.
+#[derive(Debug, Clone, Default)]
+pub struct LocalSecurity {
+    /// dev-certs.sh's directory: mutual TLS everywhere.
+    pub tls_dir: Option<PathBuf>,
+    /// `<run>/security/` when every process has a token.
+    pub tokens_dir: Option<PathBuf>,
+}
+
+/// The token holders of a local cluster: name, role, file.
+const LOCAL_TOKENS: [(&str, &str); 4] = [
+    ("scheduler", "operator"),
+    ("psctl", "operator"),
+    ("shards", "shard"),
+    ("workers", "worker"),
+];
+
+impl LocalSecurity {
+    /// Makes the tokens (when `auth`) under `<run_dir>/security/`.
+    pub fn new(tls_dir: Option<&Path>, auth: bool, run_dir: &Path) -> anyhow::Result<Self> {
+        let tls_dir = match tls_dir {
+            Some(d) => Some(
+                d.canonicalize()
+                    .with_context(|| format!("--tls-dir {}", d.display()))?,
+            ),
+            None => None,
+        };
+        let tokens_dir = if auth {
+            let dir = run_dir.join("security");
+            std::fs::create_dir_all(&dir)?;
+            let mut entries = String::new();
+            for (name, role) in LOCAL_TOKENS {
+                let token = ps_runtime::auth::new_token()
+                    .map_err(|_| anyhow::anyhow!("no random bytes for a token"))?;
+                std::fs::write(dir.join(format!("{name}.token")), format!("{token}\n"))?;
+                entries.push_str(&format!(
+                    "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\njobs = [\"*\"]\nsha256 = \"{}\"\n\n",
+                    ps_runtime::auth::hex(&ps_runtime::auth::token_hash(&token))
+                ));
+            }
+            std::fs::write(dir.join("tokens.toml"), entries)?;
+            Some(dir.canonicalize()?)
+        } else {
+            None
+        };
+        Ok(Self {
+            tls_dir,
+            tokens_dir,
+        })
+    }
+
+    /// The flags of the process holding token `who`; `service`: it serves (TLS on its ports,
+    /// client certificates required, the tokens file checked).
+    fn args(&self, who: &str, service: bool) -> Vec<String> {
+        let mut a = Vec::new();
+        if let Some(d) = &self.tls_dir {
+            for (flag, file) in [
+                ("--tls-ca", "ca.pem"),
+                ("--tls-cert", "server.pem"),
+                ("--tls-key", "server.key"),
+            ] {
+                a.extend([flag.to_owned(), d.join(file).display().to_string()]);
+            }
+            if service {
+                a.extend([
+                    "--tls-client-ca".to_owned(),
+                    d.join("ca.pem").display().to_string(),
+                ]);
+            }
+        }
+        if let Some(d) = &self.tokens_dir {
+            a.extend([
+                "--token-file".to_owned(),
+                d.join(format!("{who}.token")).display().to_string(),
+            ]);
+            if service {
+                a.extend([
+                    "--auth-tokens".to_owned(),
+                    d.join("tokens.toml").display().to_string(),
+                ]);
+            }
+        }
+        a
+    }
+
+    /// What psctl's own calls carry.
+    fn credentials(&self) -> anyhow::Result<ps_client::Credentials> {
+        let d = self.tls_dir.as_ref();
+        ps_runtime::service::ClientSecurity {
+            tls_ca: d.map(|d| d.join("ca.pem")),
+            tls_cert: d.map(|d| d.join("server.pem")),
+            tls_key: d.map(|d| d.join("server.key")),
+            token_file: self.tokens_dir.as_ref().map(|t| t.join("psctl.token")),
+        }
+        .credentials()
+    }
 }
 
 /// How long a service may take to become ready (a shard replays its log first).
@@ -127,6 +233,7 @@ pub struct Cluster {
     pub run_dir: PathBuf,
     pub logs: PathBuf,
     pub scheduler_url: String,
+    security: LocalSecurity,
     worker_bin: PathBuf,
     scheduler: Service,
     shards: Vec<Service>,
@@ -135,6 +242,15 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the scheduler and `num_shards` shards and waits until every shard registered.
     pub async fn start(run_dir: &Path, num_shards: u32) -> anyhow::Result<Self> {
+        Self::start_secure(run_dir, num_shards, LocalSecurity::default()).await
+    }
+
+    /// [`Cluster::start`] with every process started with `security`'s TLS and tokens.
+    pub async fn start_secure(
+        run_dir: &Path,
+        num_shards: u32,
+        security: LocalSecurity,
+    ) -> anyhow::Result<Self> {
         let (scheduler_bin, shard_bin, worker_bin) = (
             binary("scheduler")?,
             binary("ps-server")?,
@@ -148,11 +264,15 @@ impl Cluster {
             &scheduler_bin,
             "scheduler",
             &[
-                "--listen".into(),
-                "127.0.0.1:0".into(),
-                "--data-dir".into(),
-                run_dir.join("scheduler").display().to_string(),
-            ],
+                vec![
+                    "--listen".into(),
+                    "127.0.0.1:0".into(),
+                    "--data-dir".into(),
+                    run_dir.join("scheduler").display().to_string(),
+                ],
+                security.args("scheduler", true),
+            ]
+            .concat(),
             &logs,
             true,
         )?;
@@ -163,17 +283,21 @@ impl Cluster {
                 &shard_bin,
                 &format!("shard-{i}"),
                 &[
-                    "--listen".into(),
-                    "127.0.0.1:0".into(),
-                    "--data-dir".into(),
-                    run_dir.join(format!("shard-{i}")).display().to_string(),
-                    "--shard-index".into(),
-                    i.to_string(),
-                    "--num-shards".into(),
-                    num_shards.to_string(),
-                    "--scheduler".into(),
-                    scheduler_url.clone(),
-                ],
+                    vec![
+                        "--listen".into(),
+                        "127.0.0.1:0".into(),
+                        "--data-dir".into(),
+                        run_dir.join(format!("shard-{i}")).display().to_string(),
+                        "--shard-index".into(),
+                        i.to_string(),
+                        "--num-shards".into(),
+                        num_shards.to_string(),
+                        "--scheduler".into(),
+                        scheduler_url.clone(),
+                    ],
+                    security.args("shards", true),
+                ]
+                .concat(),
                 &logs,
                 true,
             )?);
@@ -185,6 +309,7 @@ impl Cluster {
             run_dir,
             logs,
             scheduler_url,
+            security,
             worker_bin,
             scheduler,
             shards,
@@ -206,7 +331,10 @@ impl Cluster {
     }
 
     pub async fn client(&self) -> anyhow::Result<SchedulerClient> {
-        Ok(SchedulerClient::connect(&self.scheduler_url).await?)
+        Ok(
+            SchedulerClient::connect_with(&self.scheduler_url, None, self.security.credentials()?)
+                .await?,
+        )
     }
 
     /// Starts a worker process named `name` for `job`, with extra `worker` flags.
@@ -222,6 +350,7 @@ impl Cluster {
             self.run_dir.display().to_string(),
         ];
         args.extend_from_slice(extra);
+        args.extend(self.security.args("workers", false));
         Service::spawn(&self.worker_bin, name, &args, &self.logs, false)
     }
 
@@ -345,7 +474,8 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
             PathBuf::from("runs").join(format!("{}-{secs}", spec.name))
         }
     };
-    let mut cluster = Cluster::start(&run_dir, spec.num_shards).await?;
+    let security = LocalSecurity::new(a.tls_dir.as_deref(), a.auth, &run_dir)?;
+    let mut cluster = Cluster::start_secure(&run_dir, spec.num_shards, security).await?;
     let run_dir = cluster.run_dir.clone();
     if !a.quiet {
         eprintln!(

@@ -25,6 +25,10 @@ struct Cli {
     /// Print JSON instead of tables.
     #[arg(long, global = true)]
     json: bool,
+    /// TLS to the scheduler and the shards (--tls-ca; --tls-cert and --tls-key for mutual
+    /// TLS) and the token (--token-file, or PS_TOKEN).
+    #[command(flatten)]
+    security: ps_runtime::service::ClientSecurity,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -62,6 +66,22 @@ enum Cmd {
     /// processes), trains one job to the end with a progress bar, and prints the test accuracy
     /// and where the run's files are. Needs no running scheduler.
     Local(Box<ps_cli::local::LocalArgs>),
+    /// Makes a bearer token: writes it to --out (readable by its owner only) and prints the
+    /// entry for the services' --auth-tokens file (its SHA-256, never the token).
+    Token {
+        /// Who holds it, as refusals and logs name it.
+        #[arg(long)]
+        name: String,
+        /// worker, operator, shard or reader.
+        #[arg(long)]
+        role: String,
+        /// The jobs it may touch (comma-separated), or `*` for every job.
+        #[arg(long, value_delimiter = ',', default_value = "*")]
+        jobs: Vec<String>,
+        /// The file the token is written to.
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Trains the same models under each codec and consistency model, several seeds each,
     /// through local clusters, and writes EXPERIMENTS.md (mean ± std of the test accuracy,
     /// bytes pushed per step, time to a target accuracy, the targets checked) with plots.
@@ -81,6 +101,7 @@ impl Cmd {
             Self::Shards => "shards",
             Self::Pull { .. } => "pull",
             Self::Local(_) => "local",
+            Self::Token { .. } => "token",
             Self::Experiments(_) => "experiments",
         }
     }
@@ -90,6 +111,7 @@ const EXIT_USAGE: u8 = 2;
 const EXIT_UNREACHABLE: u8 = 3;
 const EXIT_NOT_FOUND: u8 = 4;
 const EXIT_REFUSED: u8 = 5;
+const EXIT_DENIED: u8 = 6;
 
 fn exit_code(e: &ClientError) -> u8 {
     match e.code() {
@@ -102,6 +124,7 @@ fn exit_code(e: &ClientError) -> u8 {
             | tonic::Code::AlreadyExists
             | tonic::Code::InvalidArgument,
         ) => EXIT_REFUSED,
+        Some(tonic::Code::Unauthenticated | tonic::Code::PermissionDenied) => EXIT_DENIED,
         _ => 1,
     }
 }
@@ -159,9 +182,19 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 .await
                 .map_err(|e| Failure::Other(format!("experiments: {e:#}")));
         }
+        Cmd::Token {
+            name,
+            role,
+            jobs,
+            out,
+        } => return token(name, role, jobs, out),
         _ => {}
     }
-    let s = SchedulerClient::connect(&cli.scheduler).await?;
+    let credentials = cli
+        .security
+        .credentials()
+        .map_err(|e| Failure::Usage(format!("{e:#}")))?;
+    let s = SchedulerClient::connect_with(&cli.scheduler, None, credentials).await?;
     match &cli.cmd {
         Cmd::Submit { file } => {
             let text = std::fs::read_to_string(file)
@@ -328,7 +361,7 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 }
             }
         }
-        Cmd::Local(_) | Cmd::Experiments(_) => unreachable!("handled above"),
+        Cmd::Local(_) | Cmd::Experiments(_) | Cmd::Token { .. } => unreachable!("handled above"),
     }
     Ok(())
 }
@@ -362,4 +395,40 @@ async fn local(args: &ps_cli::local::LocalArgs, json: bool) -> Result<(), Failur
         }
         Err(e) => Err(Failure::Other(format!("local: {e:#}"))),
     }
+}
+
+/// `psctl token`: a new random token in `out` (mode 0600) and its tokens-file entry on stdout.
+fn token(name: &str, role: &str, jobs: &[String], out: &std::path::Path) -> Result<(), Failure> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if !ps_runtime::auth::Role::ALL
+        .iter()
+        .any(|r| r.as_str() == role)
+    {
+        return Err(Failure::Usage(format!(
+            "--role {role}: one of worker, operator, shard, reader"
+        )));
+    }
+    let secret = ps_runtime::auth::new_token().map_err(|e| Failure::Other(e.to_string()))?;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(out)
+        .map_err(|e| Failure::Usage(format!("--out {}: {e}", out.display())))?;
+    writeln!(f, "{secret}").map_err(|e| Failure::Other(format!("{}: {e}", out.display())))?;
+    let jobs = jobs
+        .iter()
+        .map(|j| format!("{j:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    ps_cli::outln!("[[token]]");
+    ps_cli::outln!("name = {name:?}");
+    ps_cli::outln!("role = {role:?}");
+    ps_cli::outln!("jobs = [{jobs}]");
+    ps_cli::outln!(
+        "sha256 = \"{}\"",
+        ps_runtime::auth::hex(&ps_runtime::auth::token_hash(&secret))
+    );
+    Ok(())
 }

@@ -16,10 +16,12 @@ use ps_core::wire::reason;
 use ps_proto::bulk::{self, Head, PULL_DENSE_PATH, PUSH_DENSE_PATH};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_server::ParameterServer;
+use ps_runtime::auth::Auth;
 use ps_runtime::status::{invalid_field, refusal};
+use ps_runtime::tls::{Peer, PeerConn, ServerTls};
 use ps_runtime::trace;
-use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
+use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
@@ -45,6 +47,17 @@ pub struct BulkOptions {
     pub grace: Duration,
 }
 
+/// The bulk stream's TLS and credentials check: the gRPC port's.
+#[derive(Debug, Clone, Default)]
+pub struct BulkSecurity {
+    pub tls: Option<ServerTls>,
+    pub auth: Option<Auth>,
+}
+
+/// A connection, read through a buffer (which lets a call's first byte be awaited without
+/// taking it, TLS or not).
+type Sock = BufReader<PeerConn>;
+
 /// Serves the bulk stream on `listener` until `shutdown` is cancelled: it then stops accepting,
 /// keeps serving open connections for `drain`, closes each once its call in progress is
 /// answered, and waits up to `grace` for that.
@@ -52,6 +65,7 @@ pub async fn serve<S: Store>(
     listener: TcpListener,
     svc: Arc<PsService<S>>,
     opts: BulkOptions,
+    security: BulkSecurity,
     shutdown: CancellationToken,
 ) {
     let closing = CancellationToken::new();
@@ -63,25 +77,31 @@ pub async fn serve<S: Store>(
         frame_timeout: opts.frame_timeout,
         idle_timeout: opts.idle_timeout,
     });
-    tracing::info!(local = ?listener.local_addr().ok(), "bulk stream listening");
+    tracing::info!(
+        local = ?listener.local_addr().ok(),
+        tls = security.tls.is_some(),
+        auth = security.auth.is_some(),
+        "bulk stream listening"
+    );
+    let stop_accepting = CancellationToken::new();
+    let mut accepted =
+        ps_runtime::tls::accept_loop(listener, security.tls, stop_accepting.clone(), "bulk");
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
             Some(_) = conns.join_next(), if !conns.is_empty() => {}
-            accepted = listener.accept() => match accepted {
-                Ok((sock, _)) => {
+            conn = accepted.recv() => match conn {
+                Some(conn) => {
                     crate::metrics::bulk_connection();
-                    conns.spawn(connection(sock, svc.clone(), limits.clone(), closing.clone()));
+                    conns.spawn(connection(conn, svc.clone(), limits.clone(), security.auth.clone(), closing.clone()));
                 }
-                Err(e) => {
-                    // Out of descriptors and the like: the next accept may succeed.
-                    tracing::warn!(error = %e, "bulk accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
+                None => break,
             },
         }
     }
-    drop(listener);
+    // The listener closes.
+    stop_accepting.cancel();
+    drop(accepted);
     tokio::time::sleep(opts.drain).await;
     closing.cancel();
     let waited = tokio::time::timeout(opts.grace, async {
@@ -114,20 +134,26 @@ struct Limits {
 /// One connection: calls one after another until the peer closes it, it breaks the framing,
 /// stalls in the middle of a call, stays idle too long, or the shard closes.
 async fn connection<S: Store>(
-    mut sock: TcpStream,
+    conn: PeerConn,
     svc: Arc<PsService<S>>,
     limits: Arc<Limits>,
+    auth: Option<Auth>,
     closing: CancellationToken,
 ) {
-    let _ = sock.set_nodelay(true);
+    let gate = Gate {
+        auth,
+        peer: conn.peer.clone(),
+    };
+    let mut sock = BufReader::with_capacity(16 << 10, conn);
     let header_limit = limits.max_request_bytes.min(MAX_HEADER_BYTES);
     loop {
         // Between calls the connection holds nothing; it waits for a call's first byte.
-        let mut first = [0u8; 1];
         let arrived = tokio::select! {
             biased;
             () = closing.cancelled() => return,
-            arrived = tokio::time::timeout(limits.idle_timeout, sock.peek(&mut first)) => arrived,
+            arrived = tokio::time::timeout(limits.idle_timeout, sock.fill_buf()) => {
+                arrived.map(|r| r.map(|b| b.len()))
+            }
         };
         match arrived {
             Ok(Ok(0)) | Ok(Err(_)) => return,
@@ -154,7 +180,8 @@ async fn connection<S: Store>(
                 return;
             }
         };
-        let (code, header, body) = match call(&svc, head, &header, &mut sock, &limits).await {
+        let (code, header, body) = match call(&svc, head, &header, &mut sock, &limits, &gate).await
+        {
             Ok(Ok((header, body))) => (0, header, body),
             // A refusal: the message, and its error details (a google.rpc.Status) as body.
             Ok(Err(s)) => (
@@ -178,19 +205,49 @@ async fn connection<S: Store>(
 /// An answer's header and body, or the status refusing the call.
 type Answer = Result<(Vec<u8>, Vec<Bytes>), Status>;
 
+/// Who is at the other end of a connection, and the credentials check its calls pass.
+struct Gate {
+    auth: Option<Auth>,
+    peer: Peer,
+}
+
+impl Gate {
+    /// The call to `path` as the handler gets it: admitted with the header's credentials (as
+    /// the gRPC port admits its calls), the caller in its extensions.
+    fn admit<T>(&self, path: &str, authorization: &str, req: T) -> Result<Request<T>, Status> {
+        let mut request = Request::new(req);
+        if let Some(auth) = &self.auth {
+            let caller = auth.admit(path, Some(authorization), Some(&self.peer))?;
+            request.extensions_mut().insert(caller);
+        }
+        Ok(request)
+    }
+}
+
 /// Reads the rest of one call (its body) and runs it. The outer error is the socket's: the
 /// stream is unusable. A refused call has had its whole body read, so the stream stays usable.
 async fn call<S: Store>(
     svc: &PsService<S>,
     head: Head,
     header: &[u8],
-    sock: &mut TcpStream,
+    sock: &mut Sock,
     limits: &Limits,
+    gate: &Gate,
 ) -> io::Result<Answer> {
     let timeout = limits.frame_timeout;
     match head.kind {
         bulk::PUSH_DENSE => {
             let mut req = match push_header(head, header, limits.max_request_bytes) {
+                Ok(r) => r,
+                Err(refused) => {
+                    discard(sock, head.body_len, timeout).await?;
+                    return Ok(Err(refused));
+                }
+            };
+            // Credentials before the body is read or held.
+            let authorization = std::mem::take(&mut req.authorization);
+            let parent = std::mem::take(&mut req.trace_context);
+            let mut req = match gate.admit(PUSH_DENSE_PATH, &authorization, req) {
                 Ok(r) => r,
                 Err(refused) => {
                     discard(sock, head.body_len, timeout).await?;
@@ -225,11 +282,8 @@ async fn call<S: Store>(
                 }
             };
             let body = read_body(sock, len, timeout).await?;
-            bulk::put_slice_data(&mut req.slices, body);
-            let parent = std::mem::take(&mut req.trace_context);
-            let answer =
-                trace::serve_bulk(PUSH_DENSE_PATH, &parent, svc.push_dense(Request::new(req)))
-                    .await;
+            bulk::put_slice_data(&mut req.get_mut().slices, body);
+            let answer = trace::serve_bulk(PUSH_DENSE_PATH, &parent, svc.push_dense(req)).await;
             Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
         }
         bulk::PULL_DENSE => {
@@ -239,9 +293,12 @@ async fn call<S: Store>(
                 Err(refused) => return Ok(Err(refused)),
             };
             let parent = std::mem::take(&mut req.trace_context);
-            let answer =
-                trace::serve_bulk(PULL_DENSE_PATH, &parent, svc.pull_dense(Request::new(req)))
-                    .await;
+            let authorization = std::mem::take(&mut req.authorization);
+            let req = match gate.admit(PULL_DENSE_PATH, &authorization, req) {
+                Ok(r) => r,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            let answer = trace::serve_bulk(PULL_DENSE_PATH, &parent, svc.pull_dense(req)).await;
             Ok(match answer {
                 Ok(r) => {
                     let mut r = r.into_inner();
@@ -345,7 +402,7 @@ fn bad_header(reason: String) -> Status {
 
 /// Reads exactly `len` bytes of body into one buffer, without zeroing it first (memory is
 /// touched only as bytes arrive). Each read must bring bytes within `timeout`.
-async fn read_body(sock: &mut TcpStream, len: usize, timeout: Duration) -> io::Result<Bytes> {
+async fn read_body(sock: &mut Sock, len: usize, timeout: Duration) -> io::Result<Bytes> {
     let mut buf = BytesMut::with_capacity(len);
     let mut stall = Stall::new(timeout);
     while buf.len() < len {
@@ -399,7 +456,7 @@ impl Stall {
 }
 
 /// Reads and drops `len` bytes of a refused call's body, so the next call starts in place.
-async fn discard(sock: &mut TcpStream, len: u64, timeout: Duration) -> io::Result<()> {
+async fn discard(sock: &mut Sock, len: u64, timeout: Duration) -> io::Result<()> {
     let mut left = len;
     let mut scratch = vec![0u8; (64 << 10).min(len as usize)];
     let mut stall = Stall::new(timeout);

@@ -48,7 +48,14 @@ pub async fn run(
     // it stops when this function returns.
     let metrics_stop = CancellationToken::new();
     let _stop_metrics = metrics_stop.clone().drop_guard();
-    ps_runtime::metrics::start("ps-server", metrics_listener, &readiness, &metrics_stop)?;
+    let security = cfg.service.security.clone();
+    ps_runtime::metrics::start(
+        "ps-server",
+        metrics_listener,
+        security.metrics_tls(),
+        &readiness,
+        &metrics_stop,
+    )?;
     metrics::describe();
     if let Some(dir) = &cfg.service.data_dir {
         ps_runtime::metrics::watch_disk(dir);
@@ -65,6 +72,7 @@ pub async fn run(
                 endpoint: advertise,
             },
             map_epoch: map_epoch.clone(),
+            credentials: security.credentials.clone(),
         };
         tokio::spawn(reg.run(shutdown.clone()));
     }
@@ -105,7 +113,12 @@ fn advertised(cfg: &ServerConfig, listener: &TcpListener) -> anyhow::Result<Stri
             "listening on {local}: pass --advertise (PS_ADVERTISE) with the URL workers reach this shard at"
         );
     }
-    Ok(format!("http://{local}"))
+    let scheme = if cfg.service.security.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    Ok(format!("{scheme}://{local}"))
 }
 
 fn open_durable(cfg: &ServerConfig, dir: &Path) -> anyhow::Result<RocksStore> {
@@ -191,7 +204,17 @@ async fn serve<S: Store>(
             drain: cfg.service.drain,
             grace: cfg.service.grace,
         };
-        tokio::spawn(bulk::serve(l, svc.clone(), opts, bulk_stop.clone()))
+        let security = bulk::BulkSecurity {
+            tls: cfg.service.security.tls.clone(),
+            auth: cfg.service.security.auth.clone(),
+        };
+        tokio::spawn(bulk::serve(
+            l,
+            svc.clone(),
+            opts,
+            security,
+            bulk_stop.clone(),
+        ))
     });
     let grpc = ParameterServerServer::from_arc(svc)
         .max_decoding_message_size(cfg.max_request_bytes)
@@ -201,6 +224,8 @@ async fn serve<S: Store>(
         drain: cfg.service.drain,
         grace: cfg.service.grace,
         readiness,
+        tls: cfg.service.security.tls.clone(),
+        auth: cfg.service.security.auth.clone(),
     };
     let served = ps_runtime::grpc::serve(listener, grpc, opts, shutdown).await;
     // The engine closes once neither listener can reach it.

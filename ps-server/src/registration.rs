@@ -22,6 +22,8 @@ pub struct Registration {
     pub scheduler: String,
     pub shard: ShardRegistration,
     pub map_epoch: Arc<MapEpoch>,
+    /// The shard's TLS and token for its calls to the scheduler.
+    pub credentials: ps_client::Credentials,
 }
 
 const MIN_BACKOFF: Duration = Duration::from_millis(100);
@@ -32,9 +34,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(5);
 impl Registration {
     /// Runs until `shutdown`.
     pub async fn run(self, shutdown: CancellationToken) {
-        let client = match SchedulerClient::connect_with_timeout(
+        let client = match SchedulerClient::connect_with(
             &self.scheduler,
             Some(CALL_TIMEOUT),
+            self.credentials.clone(),
         )
         .await
         {

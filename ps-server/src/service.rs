@@ -12,6 +12,8 @@ use ps_proto::v1::parameter_server_server::ParameterServer;
 use tonic::{Request, Response, Status};
 use tracing::instrument;
 
+use ps_runtime::auth::Caller;
+
 use crate::engine::{Engine, EngineError, PushOutcome, Shard};
 use crate::metrics as m;
 use crate::store::Store;
@@ -69,6 +71,21 @@ fn refuse(method: &'static str, e: impl Into<EngineError>) -> Status {
     s
 }
 
+/// Refuses a caller who may not touch `table` (one of another job), counted as the method's
+/// refusal.
+fn check_table(method: &'static str, caller: &Caller, table: &str) -> Result<(), Status> {
+    caller
+        .may_touch_table(table)
+        .inspect_err(|s| m::request_error(method, s.code()))
+}
+
+/// Refuses a caller limited to some jobs: the method spans every job's tables.
+fn check_cluster_wide(method: &'static str, caller: &Caller) -> Result<(), Status> {
+    caller
+        .cluster_wide(&format!("{method}, which spans every job's tables,"))
+        .inspect_err(|s| m::request_error(method, s.code()))
+}
+
 fn push_response(o: PushOutcome) -> Response<pb::PushResponse> {
     Response::new(pb::PushResponse {
         duplicate: o.duplicate,
@@ -103,11 +120,13 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::CreateTableRequest>,
     ) -> Result<Response<pb::CreateTableResponse>, Status> {
         const M: &str = "CreateTable";
+        let caller = Caller::of(&req);
         let spec = req
             .into_inner()
             .spec
             .ok_or_else(|| refuse(M, ps_core::ValidationError::new("spec", "is required")))?;
         let spec = TableSpec::try_from(spec).map_err(|e| refuse(M, e))?;
+        check_table(M, &caller, spec.name.as_str())?;
         tracing::Span::current().record("table", spec.name.as_str());
         let (spec, created) = self
             .engine()
@@ -125,7 +144,9 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::DescribeTableRequest>,
     ) -> Result<Response<pb::DescribeTableResponse>, Status> {
         const M: &str = "DescribeTable";
+        let caller = Caller::of(&req);
         let name = TableName::try_from(req.into_inner().name).map_err(|e| refuse(M, e))?;
+        check_table(M, &caller, name.as_str())?;
         let table = self.engine().table(&name).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::DescribeTableResponse {
             spec: Some(table.spec().into()),
@@ -135,10 +156,18 @@ impl<S: Store> ParameterServer for PsService<S> {
 
     async fn list_tables(
         &self,
-        _: Request<pb::ListTablesRequest>,
+        req: Request<pb::ListTablesRequest>,
     ) -> Result<Response<pb::ListTablesResponse>, Status> {
+        // A caller limited to some jobs sees their tables only.
+        let caller = Caller::of(&req);
         Ok(Response::new(pb::ListTablesResponse {
-            tables: self.engine().list_tables().iter().map(Into::into).collect(),
+            tables: self
+                .engine()
+                .list_tables()
+                .iter()
+                .filter(|t| caller.may_touch_table(t.name.as_str()).is_ok())
+                .map(Into::into)
+                .collect(),
         }))
     }
 
@@ -148,7 +177,9 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::DropTableRequest>,
     ) -> Result<Response<pb::DropTableResponse>, Status> {
         const M: &str = "DropTable";
+        let caller = Caller::of(&req);
         let name = TableName::try_from(req.into_inner().name).map_err(|e| refuse(M, e))?;
+        check_table(M, &caller, name.as_str())?;
         tracing::Span::current().record("table", name.as_str());
         self.engine()
             .drop_table(name)
@@ -163,7 +194,10 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::PushDenseRequest>,
     ) -> Result<Response<pb::PushResponse>, Status> {
         const M: &str = "PushDense";
-        let req = PushDense::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
+        let caller = Caller::of(&req);
+        let mut req = PushDense::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
+        check_table(M, &caller, req.table.as_str())?;
+        req.push_id.client_id = caller.own_id(req.push_id.client_id);
         let span = tracing::Span::current();
         span.record("table", req.table.as_str());
         span.record("client", req.push_id.client_id);
@@ -181,7 +215,12 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::PullDenseRequest>,
     ) -> Result<Response<pb::PullDenseResponse>, Status> {
         const M: &str = "PullDense";
-        let req = PullDense::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
+        let caller = Caller::of(&req);
+        let mut req = PullDense::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
+        check_table(M, &caller, req.table.as_str())?;
+        if let Some(d) = &mut req.delta {
+            d.client_id = caller.own_id(d.client_id);
+        }
         let pulled = self.engine().pull_dense(&req).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::PullDenseResponse {
             slices: pulled.slices.into_iter().map(Into::into).collect(),
@@ -196,7 +235,10 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::PushSparseRequest>,
     ) -> Result<Response<pb::PushResponse>, Status> {
         const M: &str = "PushSparse";
-        let req = PushSparse::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
+        let caller = Caller::of(&req);
+        let mut req = PushSparse::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
+        check_table(M, &caller, req.table.as_str())?;
+        req.push_id.client_id = caller.own_id(req.push_id.client_id);
         let span = tracing::Span::current();
         span.record("table", req.table.as_str());
         span.record("client", req.push_id.client_id);
@@ -215,7 +257,9 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::PullSparseRequest>,
     ) -> Result<Response<pb::PullSparseResponse>, Status> {
         const M: &str = "PullSparse";
+        let caller = Caller::of(&req);
         let req = PullSparse::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
+        check_table(M, &caller, req.table.as_str())?;
         let values = self.engine().pull_sparse(&req).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::PullSparseResponse {
             values: Some(values.into()),
@@ -228,6 +272,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::CheckpointRequest>,
     ) -> Result<Response<pb::CheckpointResponse>, Status> {
         const M: &str = "Checkpoint";
+        check_cluster_wide(M, &Caller::of(&req))?;
         let done = self
             .shard
             .checkpoint(req.into_inner().name)
@@ -249,6 +294,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         req: Request<pb::RestoreCheckpointRequest>,
     ) -> Result<Response<pb::RestoreCheckpointResponse>, Status> {
         const M: &str = "RestoreCheckpoint";
+        check_cluster_wide(M, &Caller::of(&req))?;
         let name = req.into_inner().name;
         tracing::Span::current().record("name", name.as_str());
         let done = self.shard.restore(name).await.map_err(|e| refuse(M, e))?;
@@ -261,8 +307,9 @@ impl<S: Store> ParameterServer for PsService<S> {
 
     async fn get_stats(
         &self,
-        _: Request<pb::GetStatsRequest>,
+        req: Request<pb::GetStatsRequest>,
     ) -> Result<Response<pb::GetStatsResponse>, Status> {
+        check_cluster_wide("GetStats", &Caller::of(&req))?;
         let stats = ShardStats {
             bulk_calls: self.bulk_calls.load(Ordering::Relaxed),
             ..self.engine().stats()

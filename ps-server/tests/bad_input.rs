@@ -160,6 +160,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
             values: Some(f32s(&vec![1.0; chunk_len])),
         }],
         trace_context: Default::default(),
+        authorization: String::new(),
     })
     .await
     .unwrap();
@@ -201,6 +202,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
                 values: Some(values),
             }],
             trace_context: Default::default(),
+            authorization: String::new(),
         })
     };
     let sparse_push = |ids: Vec<u64>, values: pb::Payload| pb::PushSparseRequest {
@@ -748,6 +750,7 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
                     })
                     .collect(),
                 trace_context: Default::default(),
+                authorization: String::new(),
             }
         };
     let values =

@@ -392,6 +392,7 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
             values: Some(ps_core::Payload::from_f32(&[-2.0; 1000]).into()),
         }],
         trace_context: Default::default(),
+        authorization: String::new(),
     };
     let mut raw = raw_client(&server.addr).await;
     assert!(
@@ -807,6 +808,7 @@ async fn stalled_bulk_senders_hold_no_more_than_the_budget_and_are_closed() {
             values: Some(ps_core::Payload::from_f32(&[]).into()),
         }],
         trace_context: Default::default(),
+        authorization: String::new(),
     };
     let mut header = header;
     header.slices[0].values.as_mut().unwrap().num_values = body / 4;

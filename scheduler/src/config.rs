@@ -78,6 +78,7 @@ impl Config {
                 checkpoint_timeout: file
                     .checkpoint_timeout_ms
                     .map_or(d.checkpoint_timeout, Duration::from_millis),
+                credentials: service.security.credentials.clone(),
             },
             service,
         })

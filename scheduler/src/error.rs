@@ -76,6 +76,13 @@ pub enum SchedError {
          restarted); register again"
     )]
     ShardNotRegistered { index: u32, endpoint: String },
+    /// A worker id or a shard slot another authenticated caller holds.
+    #[error("{what} belongs to `{holder}`, not to the caller `{caller}`")]
+    NotYours {
+        what: String,
+        holder: String,
+        caller: String,
+    },
     /// A shard registered an address the scheduler cannot connect to.
     #[error(
         "the scheduler cannot connect to {endpoint} ({cause}); a shard must advertise an address \

@@ -44,7 +44,13 @@ pub async fn run(
     // it stops when this function returns.
     let metrics_stop = CancellationToken::new();
     let _stop_metrics = metrics_stop.clone().drop_guard();
-    ps_runtime::metrics::start("scheduler", metrics_listener, &readiness, &metrics_stop)?;
+    ps_runtime::metrics::start(
+        "scheduler",
+        metrics_listener,
+        cfg.service.security.metrics_tls(),
+        &readiness,
+        &metrics_stop,
+    )?;
     metrics::describe();
     if let Some(dir) = &cfg.service.data_dir {
         ps_runtime::metrics::watch_disk(dir);
@@ -63,6 +69,8 @@ pub async fn run(
         drain: cfg.service.drain,
         grace: cfg.service.grace,
         readiness,
+        tls: cfg.service.security.tls.clone(),
+        auth: cfg.service.security.auth.clone(),
     };
     let served = ps_runtime::grpc::serve(listener, svc, opts, shutdown).await;
     // After the server has drained, so that the last write sees every call.

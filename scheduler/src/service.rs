@@ -7,6 +7,7 @@ use ps_core::wire::reason;
 use ps_core::{JobSpec, ValidationError};
 use ps_proto::v1 as pb;
 use ps_proto::v1::scheduler_server::Scheduler as SchedulerApi;
+use ps_runtime::auth::Caller;
 use ps_runtime::status::{invalid_field, refusal};
 use tokio::time::{Duration, Instant};
 use tonic::{Code, Request, Response, Status};
@@ -110,6 +111,12 @@ impl From<SchedError> for Status {
                 message,
                 [("job", job), ("worker_id", worker.to_string())],
             ),
+            SchedError::NotYours { holder, .. } => refusal(
+                Code::PermissionDenied,
+                reason::NOT_YOURS,
+                message,
+                [("holder", holder)],
+            ),
             SchedError::ShardsIncomplete => refusal(
                 Code::Unavailable,
                 reason::SHARDS_UNAVAILABLE,
@@ -174,6 +181,13 @@ fn job_name(name: &str) -> Result<&str, Status> {
     Ok(name)
 }
 
+/// The job a request names, when its caller may touch it.
+fn job_of<'a>(caller: &Caller, name: &'a str) -> Result<&'a str, Status> {
+    let name = job_name(name)?;
+    caller.may_touch_job(name)?;
+    Ok(name)
+}
+
 #[tonic::async_trait]
 impl SchedulerApi for SchedulerService {
     #[instrument(skip_all)]
@@ -181,11 +195,13 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::SubmitJobRequest>,
     ) -> Result<Response<pb::JobStatus>, Status> {
+        let caller = Caller::of(&req);
         let spec = req
             .into_inner()
             .spec
             .ok_or_else(|| invalid_field(&ValidationError::new("spec", "is missing")))?;
         let spec = JobSpec::try_from(spec).map_err(|e| invalid_field(&e.within("spec")))?;
+        caller.may_touch_job(&spec.name)?;
         let name = spec.name.clone();
         self.sched.submit(spec).await?;
         Ok(Response::new(self.status(&name)?))
@@ -195,18 +211,22 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::GetJobRequest>,
     ) -> Result<Response<pb::JobStatus>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
-        Ok(Response::new(self.status(job_name(&r.job)?)?))
+        Ok(Response::new(self.status(job_of(&caller, &r.job)?)?))
     }
 
     async fn list_jobs(
         &self,
-        _req: Request<pb::ListJobsRequest>,
+        req: Request<pb::ListJobsRequest>,
     ) -> Result<Response<pb::ListJobsResponse>, Status> {
+        // A caller limited to some jobs sees those.
+        let caller = Caller::of(&req);
         let jobs = self
             .sched
             .job_names()
             .iter()
+            .filter(|n| caller.may_touch_job(n).is_ok())
             .filter_map(|n| self.status(n).ok())
             .collect();
         Ok(Response::new(pb::ListJobsResponse { jobs }))
@@ -217,8 +237,9 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::CancelJobRequest>,
     ) -> Result<Response<pb::JobStatus>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
-        self.sched.cancel(job_name(&r.job)?).await?;
+        self.sched.cancel(job_of(&caller, &r.job)?).await?;
         Ok(Response::new(self.status(&r.job)?))
     }
 
@@ -227,6 +248,7 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::RegisterShardRequest>,
     ) -> Result<Response<pb::RegisterShardResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
         if !(r.endpoint.starts_with("http://") || r.endpoint.starts_with("https://")) {
             return Err(invalid_field(&ValidationError::new(
@@ -236,7 +258,13 @@ impl SchedulerApi for SchedulerService {
         }
         let (epoch, lease) = self
             .sched
-            .register_shard(r.shard_index, r.num_shards, r.virtual_nodes, r.endpoint)
+            .register_shard(
+                r.shard_index,
+                r.num_shards,
+                r.virtual_nodes,
+                r.endpoint,
+                caller.name(),
+            )
             .await?;
         Ok(Response::new(pb::RegisterShardResponse {
             map_epoch: epoch,
@@ -248,8 +276,11 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::ShardHeartbeatRequest>,
     ) -> Result<Response<pb::ShardHeartbeatResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
-        let epoch = self.sched.shard_heartbeat(r.shard_index, &r.endpoint)?;
+        let epoch = self
+            .sched
+            .shard_heartbeat(r.shard_index, &r.endpoint, caller.name())?;
         Ok(Response::new(pb::ShardHeartbeatResponse {
             map_epoch: epoch,
         }))
@@ -267,6 +298,7 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::JoinJobRequest>,
     ) -> Result<Response<pb::JoinJobResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
         if r.worker_name.len() > 256 {
             return Err(invalid_field(&ValidationError::new(
@@ -274,9 +306,12 @@ impl SchedulerApi for SchedulerService {
                 "is longer than 256 bytes",
             )));
         }
-        let (j, map) = self
-            .sched
-            .join(job_name(&r.job)?, &r.worker_name, r.worker_id)?;
+        let (j, map) = self.sched.join(
+            job_of(&caller, &r.job)?,
+            &r.worker_name,
+            r.worker_id,
+            caller.name(),
+        )?;
         Ok(Response::new(pb::JoinJobResponse {
             worker_id: j.worker_id,
             lease_ms: j.lease.as_millis() as u64,
@@ -291,10 +326,11 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::WorkerHeartbeatRequest>,
     ) -> Result<Response<pb::WorkerHeartbeatResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
-        let (epoch, state) = self
-            .sched
-            .worker_heartbeat(job_name(&r.job)?, r.worker_id)?;
+        let (epoch, state) =
+            self.sched
+                .worker_heartbeat(job_of(&caller, &r.job)?, r.worker_id, caller.name())?;
         Ok(Response::new(pb::WorkerHeartbeatResponse {
             map_epoch: epoch,
             state: pb::JobState::from(state) as i32,
@@ -305,6 +341,7 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::AdvanceClockRequest>,
     ) -> Result<Response<pb::AdvanceClockResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
         let report = ClockReport {
             finished: r.finished,
@@ -316,7 +353,13 @@ impl SchedulerApi for SchedulerService {
         let wait = (r.wait_ms > 0).then(|| Duration::from_millis(r.wait_ms));
         let (g, epoch) = self
             .sched
-            .advance(job_name(&r.job)?, r.worker_id, report, wait)
+            .advance(
+                job_of(&caller, &r.job)?,
+                r.worker_id,
+                caller.name(),
+                report,
+                wait,
+            )
             .await?;
         Ok(Response::new(pb::AdvanceClockResponse {
             ready: g.ready,
@@ -333,8 +376,10 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::LeaveJobRequest>,
     ) -> Result<Response<pb::LeaveJobResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
-        self.sched.leave(job_name(&r.job)?, r.worker_id)?;
+        self.sched
+            .leave(job_of(&caller, &r.job)?, r.worker_id, caller.name())?;
         Ok(Response::new(pb::LeaveJobResponse {}))
     }
 
@@ -343,8 +388,12 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::CheckpointJobRequest>,
     ) -> Result<Response<pb::JobCheckpoint>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
-        let c = self.sched.checkpoint(job_name(&r.job)?, true).await?;
+        let c = self
+            .sched
+            .checkpoint(job_of(&caller, &r.job)?, true)
+            .await?;
         Ok(Response::new(c.into()))
     }
 
@@ -352,8 +401,9 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::ListCheckpointsRequest>,
     ) -> Result<Response<pb::ListCheckpointsResponse>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
-        let cs = self.sched.checkpoints(job_name(&r.job)?)?;
+        let cs = self.sched.checkpoints(job_of(&caller, &r.job)?)?;
         Ok(Response::new(pb::ListCheckpointsResponse {
             checkpoints: cs.into_iter().map(Into::into).collect(),
         }))
@@ -364,9 +414,10 @@ impl SchedulerApi for SchedulerService {
         &self,
         req: Request<pb::ResumeJobRequest>,
     ) -> Result<Response<pb::JobStatus>, Status> {
+        let caller = Caller::of(&req);
         let r = req.into_inner();
         let name = (!r.checkpoint.is_empty()).then_some(r.checkpoint.as_str());
-        self.sched.resume(job_name(&r.job)?, name).await?;
+        self.sched.resume(job_of(&caller, &r.job)?, name).await?;
         Ok(Response::new(self.status(&r.job)?))
     }
 }

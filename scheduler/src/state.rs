@@ -24,6 +24,8 @@ use crate::policy::{ClockError, Clocks, Report, WorkerId};
 pub struct ShardMember {
     pub endpoint: String,
     pub lease_until: Instant,
+    /// The authenticated caller that registered it (empty without authentication).
+    pub owner: String,
 }
 
 /// The cluster's shards. The partitioning (count, virtual nodes) is fixed by the first shard
@@ -129,6 +131,9 @@ impl Staleness {
 #[derive(Debug)]
 pub struct Worker {
     pub name: String,
+    /// The authenticated caller that joined with this id (empty without authentication): only
+    /// it may report, heartbeat, leave or join again under the id.
+    pub owner: String,
     pub live: bool,
     pub lease_until: Instant,
     /// Granted a clock and has not reported it yet.
@@ -368,10 +373,18 @@ impl Job {
     }
 
     /// Adds (or revives) worker `id`.
-    pub fn join(&mut self, id: WorkerId, name: &str, now: Instant, lease: Duration) -> Joined {
+    pub fn join(
+        &mut self,
+        id: WorkerId,
+        name: &str,
+        owner: &str,
+        now: Instant,
+        lease: Duration,
+    ) -> Joined {
         let new = !self.workers.contains_key(&id);
         let w = self.workers.entry(id).or_insert_with(|| Worker {
             name: name.to_owned(),
+            owner: owner.to_owned(),
             live: false,
             lease_until: now,
             running: false,
@@ -425,6 +438,18 @@ impl Job {
         self.rebalance_batches();
         self.check_done();
         self.wake();
+    }
+
+    /// Refuses `caller` acting under worker `id` when another caller joined with it.
+    pub fn check_owner(&self, id: WorkerId, caller: &str) -> Result<()> {
+        match self.workers.get(&id) {
+            Some(w) if w.owner != caller => Err(SchedError::NotYours {
+                what: format!("worker {id} of job `{}`", self.spec.name),
+                holder: w.owner.clone(),
+                caller: caller.to_owned(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The member `id`, live, or `not_found`.
@@ -684,6 +709,8 @@ pub struct SavedJob {
 pub struct SavedWorker {
     pub id: WorkerId,
     pub name: String,
+    #[serde(default)]
+    pub owner: String,
     pub live: bool,
     pub clock: u64,
     pub throughput: f64,
@@ -706,6 +733,7 @@ impl Job {
                 .map(|(id, w)| SavedWorker {
                     id: *id,
                     name: w.name.clone(),
+                    owner: w.owner.clone(),
                     live: w.live,
                     clock: self.clocks.clock(*id).unwrap_or(0),
                     throughput: w.throughput,
@@ -743,6 +771,7 @@ impl Job {
                 w.id,
                 Worker {
                     name: w.name,
+                    owner: w.owner,
                     live: w.live,
                     lease_until: now + lease,
                     running: false,

@@ -28,20 +28,20 @@ fn live(s: &Scheduler) -> Vec<(u64, bool, Vec<u32>)> {
 async fn an_expired_worker_is_removed_and_a_late_joiner_is_served() {
     let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
     s.submit(JobSpec::from_toml(JOB).unwrap()).await.unwrap();
-    let (a, _) = s.join("leases", "a", 0).unwrap();
-    let (b, _) = s.join("leases", "b", 0).unwrap();
+    let (a, _) = s.join("leases", "a", 0, "").unwrap();
+    let (b, _) = s.join("leases", "b", 0, "").unwrap();
     assert_eq!(live(&s).iter().map(|w| w.2.len()).sum::<usize>(), 2);
 
     // `a` heartbeats, `b` does not: after one lease `b` is gone and `a` reads both parts.
     for _ in 0..6 {
         advance(Duration::from_millis(250)).await;
-        s.worker_heartbeat("leases", a.worker_id).unwrap();
+        s.worker_heartbeat("leases", a.worker_id, "").unwrap();
         tokio::task::yield_now().await;
     }
     let ws = live(&s);
     assert_eq!(ws[0], (a.worker_id, true, vec![0, 1]));
     assert!(!ws[1].1, "b's lease expired");
-    let e = s.worker_heartbeat("leases", b.worker_id).unwrap_err();
+    let e = s.worker_heartbeat("leases", b.worker_id, "").unwrap_err();
     assert!(
         matches!(e, SchedError::NotMember { worker, .. } if worker == b.worker_id),
         "{e}"
@@ -57,18 +57,19 @@ async fn an_expired_worker_is_removed_and_a_late_joiner_is_served() {
         s.advance(
             "leases",
             a.worker_id,
+            "",
             report,
             Some(Duration::from_millis(10)),
         )
         .await
         .unwrap();
     }
-    let (c, _) = s.join("leases", "c", 0).unwrap();
+    let (c, _) = s.join("leases", "c", 0, "").unwrap();
     assert_eq!((a.clock, c.clock), (0, 3));
     assert_eq!(c.assignment.data_shards.len(), 1);
     assert_eq!(live(&s)[0].2.len(), 1, "a gave one of its two parts to c");
     // `b` may come back under its old id.
-    let (b2, _) = s.join("leases", "b", b.worker_id).unwrap();
+    let (b2, _) = s.join("leases", "b", b.worker_id, "").unwrap();
     assert_eq!(b2.worker_id, b.worker_id);
     assert_eq!(live(&s).iter().filter(|w| w.1).count(), 3);
 }
@@ -77,7 +78,7 @@ async fn an_expired_worker_is_removed_and_a_late_joiner_is_served() {
 async fn bad_calls_change_nothing() {
     let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
     assert!(matches!(
-        s.join("nope", "a", 0),
+        s.join("nope", "a", 0, ""),
         Err(SchedError::NoSuchJob { ref job }) if job == "nope"
     ));
     let spec = JobSpec::from_toml(JOB).unwrap();
@@ -91,7 +92,7 @@ async fn bad_calls_change_nothing() {
         s.submit(other).await,
         Err(SchedError::JobExists { .. })
     ));
-    let (a, _) = s.join("leases", "a", 0).unwrap();
+    let (a, _) = s.join("leases", "a", 0, "").unwrap();
     let report = ps_scheduler::state::ClockReport {
         finished: Some(7),
         ..Default::default()
@@ -100,6 +101,7 @@ async fn bad_calls_change_nothing() {
         .advance(
             "leases",
             a.worker_id,
+            "",
             report,
             Some(Duration::from_millis(10)),
         )
@@ -124,7 +126,7 @@ async fn bad_calls_change_nothing() {
     );
     let report = ps_scheduler::state::ClockReport::default();
     assert!(matches!(
-        s.advance("leases", 999, report, None).await,
+        s.advance("leases", 999, "", report, None).await,
         Err(SchedError::NotMember { worker: 999, .. })
     ));
 }
@@ -139,11 +141,11 @@ async fn a_worker_whose_grant_was_lost_is_not_left_running() {
     // for the shard (nothing here calls it).
     let shard = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", shard.local_addr().unwrap());
-    s.register_shard(0, 1, 128, endpoint).await.unwrap();
+    s.register_shard(0, 1, 128, endpoint, "").await.unwrap();
     let mut spec = JobSpec::from_toml(JOB).unwrap();
     spec.num_workers = 1;
     s.submit(spec).await.unwrap();
-    let (a, _) = s.join("leases", "a", 0).unwrap();
+    let (a, _) = s.join("leases", "a", 0, "").unwrap();
     // The tables exist (there is no real shard here to create them on).
     s.with_job("leases", |j, c| {
         j.tables_ready = true;
@@ -157,7 +159,7 @@ async fn a_worker_whose_grant_was_lost_is_not_left_running() {
     let wait = Some(Duration::from_millis(10));
     let report = ps_scheduler::state::ClockReport::default;
     let (g, _) = s
-        .advance("leases", a.worker_id, report(), wait)
+        .advance("leases", a.worker_id, "", report(), wait)
         .await
         .unwrap();
     assert!(g.ready && g.clock == 0, "{g:?}");
@@ -169,7 +171,7 @@ async fn a_worker_whose_grant_was_lost_is_not_left_running() {
     })
     .unwrap();
     let (g, _) = s
-        .advance("leases", a.worker_id, report(), wait)
+        .advance("leases", a.worker_id, "", report(), wait)
         .await
         .unwrap();
     assert!(!g.ready, "{g:?}");
@@ -185,10 +187,12 @@ async fn a_job_with_no_live_worker_says_so_and_ids_are_the_schedulers_to_issue()
     let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
     let shard = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let endpoint = format!("http://{}", shard.local_addr().unwrap());
-    s.register_shard(0, 1, 128, endpoint.clone()).await.unwrap();
+    s.register_shard(0, 1, 128, endpoint.clone(), "")
+        .await
+        .unwrap();
     s.submit(JobSpec::from_toml(JOB).unwrap()).await.unwrap();
-    let (a, _) = s.join("leases", "a", 0).unwrap();
-    let (b, _) = s.join("leases", "b", 0).unwrap();
+    let (a, _) = s.join("leases", "a", 0, "").unwrap();
+    let (b, _) = s.join("leases", "b", 0, "").unwrap();
     assert_ne!(a.worker_id, b.worker_id);
     s.with_job("leases", |j, c| {
         j.tables_ready = true;
@@ -203,7 +207,7 @@ async fn a_job_with_no_live_worker_says_so_and_ids_are_the_schedulers_to_issue()
     // Neither heartbeats (the shard does, to keep the map whole).
     for _ in 0..8 {
         advance(Duration::from_millis(250)).await;
-        s.shard_heartbeat(0, &endpoint).unwrap();
+        s.shard_heartbeat(0, &endpoint, "").unwrap();
         tokio::task::yield_now().await;
     }
     let (st, message) = state(&s);
@@ -211,17 +215,68 @@ async fn a_job_with_no_live_worker_says_so_and_ids_are_the_schedulers_to_issue()
     assert!(message.contains("no live worker"), "{message}");
     // Ids the job never issued are refused: one far ahead, the largest, 0's neighbour.
     for id in [a.worker_id.max(b.worker_id) + 1, u64::MAX, 12345] {
-        let e = s.join("leases", "x", id).unwrap_err();
+        let e = s.join("leases", "x", id, "").unwrap_err();
         assert!(
             matches!(e, SchedError::UnknownWorker { worker, .. } if worker == id),
             "{e}"
         );
     }
     // Taken up again under their ids, the job runs.
-    s.join("leases", "a", a.worker_id).unwrap();
-    s.join("leases", "b", b.worker_id).unwrap();
+    s.join("leases", "a", a.worker_id, "").unwrap();
+    s.join("leases", "b", b.worker_id, "").unwrap();
     assert_eq!(state(&s).0, JobState::Running, "{}", state(&s).1);
     // A new member gets an id never issued before.
-    let (c, _) = s.join("leases", "c", 0).unwrap();
+    let (c, _) = s.join("leases", "c", 0, "").unwrap();
     assert!(c.worker_id > a.worker_id.max(b.worker_id));
+}
+
+/// With authenticated callers, a worker id is its joiner's and a shard slot its registrant's
+/// while the lease holds: another caller cannot join under the id, heartbeat it, report its
+/// clocks or make it leave, nor register over the slot or heartbeat it. The holder can.
+#[tokio::test(start_paused = true)]
+async fn worker_ids_and_shard_slots_belong_to_the_caller_that_took_them() {
+    let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
+    let shard = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = format!("http://{}", shard.local_addr().unwrap());
+    s.register_shard(0, 1, 128, endpoint.clone(), "shard-a")
+        .await
+        .unwrap();
+    let not_yours = |e: SchedError| assert!(matches!(e, SchedError::NotYours { .. }), "{e}");
+    not_yours(
+        s.register_shard(0, 1, 128, endpoint.clone(), "shard-b")
+            .await
+            .unwrap_err(),
+    );
+    not_yours(s.shard_heartbeat(0, &endpoint, "shard-b").unwrap_err());
+    s.shard_heartbeat(0, &endpoint, "shard-a").unwrap();
+
+    s.submit(JobSpec::from_toml(JOB).unwrap()).await.unwrap();
+    let (a, _) = s.join("leases", "a", 0, "alice").unwrap();
+    not_yours(s.join("leases", "a", a.worker_id, "mallory").unwrap_err());
+    not_yours(
+        s.worker_heartbeat("leases", a.worker_id, "mallory")
+            .unwrap_err(),
+    );
+    let report = ps_scheduler::state::ClockReport {
+        finished: Some(0),
+        ..Default::default()
+    };
+    not_yours(
+        s.advance("leases", a.worker_id, "mallory", report, None)
+            .await
+            .unwrap_err(),
+    );
+    not_yours(s.leave("leases", a.worker_id, "mallory").unwrap_err());
+    // Nothing changed for alice: still live, and hers to use.
+    let members: Vec<(u64, bool)> = live(&s).into_iter().map(|(id, l, _)| (id, l)).collect();
+    assert_eq!(members, vec![(a.worker_id, true)]);
+    s.worker_heartbeat("leases", a.worker_id, "alice").unwrap();
+    s.join("leases", "a", a.worker_id, "alice").unwrap();
+    s.leave("leases", a.worker_id, "alice").unwrap();
+
+    // Once the shard's lease has run out, the slot is free for another identity.
+    advance(Duration::from_secs(6)).await;
+    s.register_shard(0, 1, 128, endpoint, "shard-b")
+        .await
+        .unwrap();
 }

@@ -2,6 +2,8 @@
 //! in-process ([`TestCluster`]) or as child processes ([`shard_process`],
 //! [`scheduler_process`], through the one launcher `ps_launch`).
 
+pub mod raw;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -78,6 +80,15 @@ impl TestCluster {
                 .expect("server stopped cleanly");
         }
     }
+}
+
+/// Starts the workspace binary `bin` as a child named `name` with `args`, its log in `logs`;
+/// `ready`: it writes a ready file (passed as `--ready-file`) to wait on with
+/// [`Service::ready`].
+pub fn spawn(bin: &str, name: &str, args: &[&str], logs: &Path, ready: bool) -> Service {
+    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+    Service::spawn(&binary(bin).expect("the binary"), name, &args, logs, ready)
+        .expect("the service starts")
 }
 
 /// How long a child service may take to become ready.

@@ -154,6 +154,7 @@ async fn each_encoding_is_applied_as_its_decoded_values() {
                 map_epoch: 0,
                 slices,
                 trace_context: Default::default(),
+                authorization: String::new(),
             })
             .await
             .unwrap_or_else(|s| panic!("{codec} lz4={lz4}: {s}"));
@@ -280,6 +281,7 @@ async fn malformed_payloads_change_nothing() {
                     },
                 ],
                 trace_context: Default::default(),
+                authorization: String::new(),
             })
             .await
             .unwrap_err();
@@ -516,6 +518,7 @@ async fn pulls_in_half_precision_and_wire_metrics() {
             map_epoch: 0,
             delta: None,
             trace_context: Default::default(),
+            authorization: String::new(),
         })
         .await
         .unwrap_err();

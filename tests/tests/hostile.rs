@@ -17,19 +17,17 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut};
 use prost::Message;
 use prost_reflect::{DescriptorPool, DynamicMessage};
 use ps_launch::{Service, binary};
 use ps_proto::bulk;
 use ps_proto::v1 as pb;
+use ps_tests::raw::call;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::Channel;
 use tonic_types::StatusExt;
 
@@ -40,66 +38,6 @@ const ADDRESS_SPACE: u64 = 16 << 30;
 /// The shard's memory budget for tables, so that the cases over it do not depend on the
 /// machine's memory.
 const MEMORY_BUDGET: u64 = 2 << 30;
-
-/// Message bytes in and out, for requests built from JSON or sent as raw bytes.
-#[derive(Debug, Clone, Default)]
-struct Raw;
-
-#[derive(Debug, Clone, Default)]
-struct RawCoder;
-
-impl Codec for Raw {
-    type Encode = Vec<u8>;
-    type Decode = Vec<u8>;
-    type Encoder = RawCoder;
-    type Decoder = RawCoder;
-
-    fn encoder(&mut self) -> RawCoder {
-        RawCoder
-    }
-
-    fn decoder(&mut self) -> RawCoder {
-        RawCoder
-    }
-}
-
-impl Encoder for RawCoder {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn encode(&mut self, item: Vec<u8>, buf: &mut EncodeBuf<'_>) -> Result<(), tonic::Status> {
-        buf.put_slice(&item);
-        Ok(())
-    }
-}
-
-impl Decoder for RawCoder {
-    type Item = Vec<u8>;
-    type Error = tonic::Status;
-
-    fn decode(&mut self, buf: &mut DecodeBuf<'_>) -> Result<Option<Vec<u8>>, tonic::Status> {
-        Ok(Some(buf.copy_to_bytes(buf.remaining()).to_vec()))
-    }
-}
-
-/// One gRPC call of `service`'s `method` with `body` as the message.
-async fn call(
-    ch: &Channel,
-    service: &str,
-    method: &str,
-    body: Vec<u8>,
-) -> Result<Vec<u8>, tonic::Status> {
-    let mut grpc = tonic::client::Grpc::new(ch.clone());
-    grpc.ready()
-        .await
-        .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
-    let path =
-        tonic::codegen::http::uri::PathAndQuery::from_str(&format!("/ps.v1.{service}/{method}"))
-            .expect("a path");
-    let mut req = tonic::Request::new(body);
-    req.set_timeout(Duration::from_secs(30));
-    grpc.unary(req, path, Raw).await.map(|r| r.into_inner())
-}
 
 fn corpus(file: &str) -> Vec<Value> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -8,12 +8,11 @@
 //! Needs the workspace's binaries (`cargo build --release` puts them next to the test).
 
 use std::net::SocketAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
 use ps_client::scheduler::SchedulerClient;
 use ps_core::status::JobState;
-use ps_launch::Service;
+use ps_tests::spawn;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 async fn scrape(addr: SocketAddr) -> String {
@@ -68,11 +67,6 @@ fn check_families(service: &str, text: &str, families: &[&str]) {
         "{service}"
     );
     assert!(value(text, "process_open_fds") >= 3.0, "{service}");
-}
-
-fn spawn(bin: &str, name: &str, args: &[&str], logs: &Path, ready: bool) -> Service {
-    let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
-    Service::spawn(&ps_launch::binary(bin).unwrap(), name, &args, logs, ready).unwrap()
 }
 
 fn free_addr() -> SocketAddr {

@@ -82,6 +82,10 @@ pub struct WorkerConfig {
     /// Batches the data thread prepares ahead of the trainer.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..))]
     pub prefetch_depth: u32,
+    /// TLS (--tls-ca, and --tls-cert/--tls-key for mutual TLS) and the token
+    /// (--token-file or PS_TOKEN) of every connection to the scheduler and the shards.
+    #[command(flatten)]
+    pub security: ps_runtime::service::ClientSecurity,
 }
 
 impl WorkerConfig {

@@ -46,8 +46,10 @@ pub async fn run(cfg: WorkerConfig, shutdown: CancellationToken) -> anyhow::Resu
         ),
         None => None,
     };
-    ps_runtime::metrics::start("worker", listener, &readiness, &shutdown)?;
-    let sched = SchedulerClient::connect(&cfg.scheduler).await?;
+    ps_runtime::metrics::start("worker", listener, None, &readiness, &shutdown)?;
+    let credentials = cfg.security.credentials()?;
+    // The shards' connections take the same credentials (SchedulerClient::ps_client).
+    let sched = SchedulerClient::connect_with(&cfg.scheduler, None, credentials).await?;
     let session = WorkerSession::join(sched, &cfg.job, &cfg.name)
         .await
         .with_context(|| format!("joining job `{}` at {}", cfg.job, cfg.scheduler))?;

@@ -41,6 +41,8 @@ pub struct SchedulerConfig {
     pub tick: Duration,
     /// Longest time a checkpoint or resume waits for the workers to reach its boundary.
     pub checkpoint_timeout: Duration,
+    /// TLS and the token of the scheduler's calls to the shards (an operator's).
+    pub credentials: ps_client::Credentials,
 }
 
 impl Default for SchedulerConfig {
@@ -51,6 +53,7 @@ impl Default for SchedulerConfig {
             max_wait: Duration::from_secs(10),
             tick: Duration::from_millis(100),
             checkpoint_timeout: Duration::from_secs(300),
+            credentials: ps_client::Credentials::default(),
         }
     }
 }

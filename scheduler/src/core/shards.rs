@@ -17,6 +17,7 @@ impl Scheduler {
         num_shards: u32,
         virtual_nodes: u32,
         endpoint: String,
+        owner: &str,
     ) -> Result<(u64, Duration)> {
         let lease = self.inner.cfg.lease;
         check_registration(index, num_shards, virtual_nodes, &endpoint)?;
@@ -28,6 +29,7 @@ impl Scheduler {
             if let Some(e) = shape_conflict(c, index, num_shards, virtual_nodes, Instant::now()) {
                 return Err(e);
             }
+            check_slot(c, index, owner, Instant::now())?;
             c.known.get(index as usize) == Some(&endpoint)
         };
         if !known {
@@ -41,6 +43,7 @@ impl Scheduler {
             if let Some(e) = shape_conflict(c, index, num_shards, virtual_nodes, now) {
                 return Err(e);
             }
+            check_slot(c, index, owner, now)?;
             if c.num_shards != 0 && (c.num_shards != num_shards || c.virtual_nodes != virtual_nodes)
             {
                 tracing::warn!(
@@ -58,6 +61,7 @@ impl Scheduler {
             c.shards[index as usize] = Some(ShardMember {
                 endpoint: endpoint.clone(),
                 lease_until: now + lease,
+                owner: owner.to_owned(),
             });
             c.known.resize(num_shards as usize, String::new());
             // A shard coming back at the same address changes no route: same epoch. A new
@@ -81,11 +85,16 @@ impl Scheduler {
         Ok((epoch, lease))
     }
 
-    pub fn shard_heartbeat(&self, index: u32, endpoint: &str) -> Result<u64> {
+    pub fn shard_heartbeat(&self, index: u32, endpoint: &str, owner: &str) -> Result<u64> {
         let lease = self.inner.cfg.lease;
         let mut st = self.inner.state.lock();
         let c = &mut st.cluster;
         match c.shards.get_mut(index as usize) {
+            Some(Some(m)) if m.owner != owner => Err(SchedError::NotYours {
+                what: format!("shard slot {index}"),
+                holder: m.owner.clone(),
+                caller: owner.to_owned(),
+            }),
             Some(Some(m)) if m.endpoint == endpoint => {
                 m.lease_until = Instant::now() + lease;
                 Ok(c.epoch)
@@ -116,6 +125,7 @@ impl Scheduler {
             return Err(SchedError::ShardsIncomplete);
         }
         let mut cfg = ClientConfig::new(map.endpoints);
+        cfg.credentials = self.inner.cfg.credentials.clone();
         cfg.map_epoch = map.epoch;
         cfg.max_attempts = 5;
         PsClient::connect(cfg)
@@ -146,6 +156,19 @@ fn shape_conflict(
         its_shards: num_shards,
         its_vnodes: vnodes,
     })
+}
+
+/// Refuses a registration for a slot whose live lease another caller holds: a slot belongs to
+/// the shard identity that registered it until its lease runs out.
+fn check_slot(c: &crate::state::Cluster, index: u32, owner: &str, now: Instant) -> Result<()> {
+    match c.shards.get(index as usize) {
+        Some(Some(m)) if m.lease_until > now && m.owner != owner => Err(SchedError::NotYours {
+            what: format!("shard slot {index}"),
+            holder: m.owner.clone(),
+            caller: owner.to_owned(),
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Bounds and form of a shard's registration, checked before anything is allocated for it.

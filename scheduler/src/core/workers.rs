@@ -11,12 +11,23 @@ use crate::policy::WorkerId;
 use crate::state::{ClockReport, Grant, JobState, Joined};
 
 impl Scheduler {
-    pub fn join(&self, job: &str, name: &str, id: WorkerId) -> Result<(Joined, ShardMap)> {
+    /// `owner`: the authenticated caller (empty without authentication); a worker id is its
+    /// joiner's.
+    pub fn join(
+        &self,
+        job: &str,
+        name: &str,
+        id: WorkerId,
+        owner: &str,
+    ) -> Result<(Joined, ShardMap)> {
         let default_lease = self.inner.cfg.lease;
         let joined = {
             let mut st = self.inner.state.lock();
             let known = match st.jobs.get(job) {
-                Some(j) => id != 0 && j.workers.contains_key(&id),
+                Some(j) => {
+                    j.check_owner(id, owner)?;
+                    id != 0 && j.workers.contains_key(&id)
+                }
                 None => return Err(SchedError::no_such_job(job)),
             };
             // Ids are the scheduler's to issue, one after another, never reused: a join under
@@ -49,7 +60,7 @@ impl Scheduler {
                 });
             }
             let lease = j.lease(default_lease);
-            let joined = j.join(id, name, Instant::now(), lease);
+            let joined = j.join(id, name, owner, Instant::now(), lease);
             j.refresh(cluster);
             m::live_workers(job, j.live().len());
             joined
@@ -64,7 +75,12 @@ impl Scheduler {
         Ok((joined, self.shard_map()))
     }
 
-    pub fn worker_heartbeat(&self, job: &str, id: WorkerId) -> Result<(u64, JobState)> {
+    pub fn worker_heartbeat(
+        &self,
+        job: &str,
+        id: WorkerId,
+        owner: &str,
+    ) -> Result<(u64, JobState)> {
         let default_lease = self.inner.cfg.lease;
         let mut st = self.inner.state.lock();
         let epoch = st.cluster.epoch;
@@ -72,14 +88,16 @@ impl Scheduler {
             .jobs
             .get_mut(job)
             .ok_or_else(|| SchedError::no_such_job(job))?;
+        j.check_owner(id, owner)?;
         let lease = j.lease(default_lease);
         let state = j.state;
         j.member(id)?.lease_until = Instant::now() + lease;
         Ok((epoch, state))
     }
 
-    pub fn leave(&self, job: &str, id: WorkerId) -> Result<()> {
+    pub fn leave(&self, job: &str, id: WorkerId, owner: &str) -> Result<()> {
         self.with_job(job, |j, c| {
+            j.check_owner(id, owner)?;
             j.member(id)?;
             j.remove(id);
             j.refresh(c);
@@ -97,6 +115,7 @@ impl Scheduler {
         &self,
         job: &str,
         id: WorkerId,
+        owner: &str,
         report: ClockReport,
         wait: Option<Duration>,
     ) -> Result<(Grant, u64)> {
@@ -107,6 +126,7 @@ impl Scheduler {
         let default_lease = self.inner.cfg.lease;
         let mut checkpoint_due = false;
         self.with_job(job, |j, _| {
+            j.check_owner(id, owner)?;
             let lease = j.lease(default_lease);
             j.report(id, &report, Instant::now(), lease)?;
             checkpoint_due = j.checkpoint_due();

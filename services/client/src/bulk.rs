@@ -23,7 +23,9 @@ use tokio::net::TcpStream;
 use tonic::{Code, Status};
 use tracing::Instrument as _;
 
-use crate::trace;
+use crate::auth::Token;
+use crate::tls::{ClientTls, Conn};
+use crate::{ClientConfig, trace};
 
 /// Connections kept idle per shard.
 const MAX_IDLE: usize = 32;
@@ -40,7 +42,10 @@ pub(crate) struct BulkPool {
     port: AtomicU16,
     connect_timeout: Duration,
     request_timeout: Option<Duration>,
-    idle: Mutex<Vec<TcpStream>>,
+    tls: Option<ClientTls>,
+    /// Sent in every call's header.
+    token: Option<Token>,
+    idle: Mutex<Vec<Conn>>,
     /// After a failed connect: no attempt before this time.
     retry_at: Mutex<Option<Instant>>,
     /// A connect failed: the shard should be asked for its port again.
@@ -52,21 +57,19 @@ pub(crate) type Dst<'a> = (u64, &'a mut [f32]);
 
 impl BulkPool {
     /// The pool for the bulk port `port` of the shard whose gRPC endpoint is `endpoint`, with
-    /// the client's timeouts; `None`: not known yet, asked for on the shard's next gRPC call.
-    pub(crate) fn new(
-        endpoint: &str,
-        port: Option<u16>,
-        connect_timeout: Duration,
-        request_timeout: Option<Duration>,
-    ) -> Option<Self> {
+    /// the client's timeouts and credentials; `None`: not known yet, asked for on the shard's
+    /// next gRPC call.
+    pub(crate) fn new(endpoint: &str, port: Option<u16>, cfg: &ClientConfig) -> Option<Self> {
         let uri: http::Uri = endpoint.parse().ok()?;
         // An IPv6 host comes bracketed in a URI and stays so in host:port.
         let host = uri.host()?.to_owned();
         Some(Self {
             host,
             port: AtomicU16::new(port.unwrap_or(0)),
-            connect_timeout,
-            request_timeout,
+            connect_timeout: cfg.connect_timeout,
+            request_timeout: cfg.request_timeout,
+            tls: cfg.credentials.tls.clone(),
+            token: cfg.credentials.token.clone(),
             idle: Mutex::new(Vec::new()),
             retry_at: Mutex::new(None),
             wants_port: AtomicBool::new(port.is_none()),
@@ -92,33 +95,39 @@ impl BulkPool {
         }
     }
 
+    /// What a call's header carries as its `authorization` (empty without a token).
+    fn authorization(&self) -> String {
+        self.token
+            .as_ref()
+            .map(|t| format!("Bearer {}", t.secret()))
+            .unwrap_or_default()
+    }
+
     fn addr(&self) -> String {
         format!("{}:{}", self.host, self.port.load(Ordering::Relaxed))
     }
 
     /// An idle connection or a new one; `None` when the shard's bulk port cannot be reached.
-    async fn stream(&self) -> Option<TcpStream> {
+    async fn stream(&self) -> Option<Conn> {
         if let Some(s) = self.idle.lock().pop() {
             return Some(s);
         }
         let addr = self.addr();
-        let why = match tokio::time::timeout(self.connect_timeout, TcpStream::connect(&addr)).await
-        {
-            Ok(Ok(s)) => {
-                let _ = s.set_nodelay(true);
-                keep_alive(&s);
-                return Some(s);
-            }
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "connect timed out".to_owned(),
-        };
+        let why =
+            match Conn::connect(&addr, &self.host, self.tls.as_ref(), self.connect_timeout).await {
+                Ok(s) => {
+                    keep_alive(s.tcp());
+                    return Some(s);
+                }
+                Err(e) => e.to_string(),
+            };
         tracing::info!(%addr, error = why, "shard's bulk stream unreachable; using gRPC for now");
         *self.retry_at.lock() = Some(Instant::now() + RETRY_AFTER);
         self.wants_port.store(true, Ordering::Relaxed);
         None
     }
 
-    fn keep(&self, s: TcpStream) {
+    fn keep(&self, s: Conn) {
         let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE {
             idle.push(s);
@@ -133,6 +142,7 @@ impl BulkPool {
     ) -> Result<Option<pb::PushResponse>, Status> {
         let span = trace::client_span(bulk::PUSH_DENSE_PATH, &self.addr());
         req.trace_context = trace::context_map(&span);
+        req.authorization = self.authorization();
         let answer = self.push_dense_untraced(req).instrument(span.clone()).await;
         trace::record_status(
             &span,
@@ -178,6 +188,7 @@ impl BulkPool {
         let span = trace::client_span(bulk::PULL_DENSE_PATH, &self.addr());
         let req = pb::PullDenseRequest {
             trace_context: trace::context_map(&span),
+            authorization: self.authorization(),
             ..req.clone()
         };
         let answer = self
@@ -255,7 +266,7 @@ fn protocol(msg: impl Into<String>) -> io::Error {
 
 /// Reads an answer's head and header: the body's length and the header of an OK answer, or
 /// the status a refusal carries (its body, the error details, read with it).
-async fn read_answer(s: &mut TcpStream) -> io::Result<(u64, Result<Vec<u8>, Status>)> {
+async fn read_answer(s: &mut Conn) -> io::Result<(u64, Result<Vec<u8>, Status>)> {
     /// Error details are a few hundred bytes; more is not a refusal of ours.
     const MAX_DETAILS: u64 = 64 << 10;
     let (head, header) = bulk::read_head(s, 64 << 20)

@@ -40,6 +40,8 @@ pub struct ClientConfig {
     /// framing) where a shard offers one; everything else goes through gRPC either way. Off
     /// with an emulated link, whose emulation is on the gRPC channel.
     pub bulk: bool,
+    /// TLS and the bearer token for every connection to the shards (plaintext, none: default).
+    pub credentials: crate::Credentials,
 }
 
 /// A source of the current shard map (the scheduler, for workers).
@@ -70,6 +72,7 @@ impl ClientConfig {
             map_source: None,
             link_mbps: None,
             bulk: true,
+            credentials: crate::Credentials::default(),
         }
     }
 }

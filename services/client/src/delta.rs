@@ -56,6 +56,7 @@ impl PsClient {
                         versions,
                     }),
                     trace_context: Default::default(),
+                    authorization: String::new(),
                 };
                 let call = self.inner.call(shard, move |mut c, map_epoch| {
                     let req = pb::PullDenseRequest {

@@ -139,6 +139,7 @@ impl PsClient {
                     map_epoch,
                     slices,
                     trace_context: Default::default(),
+                    authorization: String::new(),
                 };
                 async move {
                     if plain
@@ -266,6 +267,7 @@ impl PsClient {
                 map_epoch: 0,
                 delta: None,
                 trace_context: Default::default(),
+                authorization: String::new(),
             };
             let dsts = tokio::sync::Mutex::new(dsts);
             async move {

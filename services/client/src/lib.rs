@@ -26,6 +26,7 @@
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 mod admin;
+pub mod auth;
 mod bulk;
 mod compress;
 mod config;
@@ -38,6 +39,7 @@ mod push;
 pub mod scheduler;
 mod seq;
 mod sparse;
+pub mod tls;
 pub mod trace;
 mod transport;
 
@@ -49,6 +51,7 @@ use parking_lot::RwLock;
 use ps_core::Partitioner;
 use ps_proto::v1 as pb;
 
+pub use auth::{Credentials, Token};
 use compress::Codecs;
 pub use compress::TableCodec;
 pub use config::{ClientConfig, MapSource};

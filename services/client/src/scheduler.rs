@@ -32,14 +32,21 @@ use ps_proto::v1::scheduler_client::SchedulerClient as Raw;
 use tokio::task::JoinHandle;
 use tonic::transport::{Channel, Endpoint};
 
+use crate::auth::Bearer;
 use crate::trace::Traced;
-use crate::{ClientConfig, ClientError, PsClient};
+use crate::{ClientConfig, ClientError, Credentials, PsClient};
+
+/// The scheduler's gRPC channel: traced, with the client's token.
+type SchedChannel = Traced<Bearer<Channel>>;
 
 /// A connection to the scheduler. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct SchedulerClient {
     endpoint: String,
-    raw: Raw<Traced<Channel>>,
+    raw: Raw<SchedChannel>,
+    /// What this client connects with; also what [`SchedulerClient::ps_client`]'s shard
+    /// connections use unless told otherwise.
+    credentials: Credentials,
     /// Attempts for a call answered `unavailable` (a scheduler restarting).
     max_attempts: u32,
 }
@@ -65,6 +72,15 @@ impl SchedulerClient {
         endpoint: &str,
         timeout: Option<Duration>,
     ) -> Result<Self, ClientError> {
+        Self::connect_with(endpoint, timeout, Credentials::default()).await
+    }
+
+    /// [`SchedulerClient::connect_with_timeout`] with TLS and a token as `credentials` say.
+    pub async fn connect_with(
+        endpoint: &str,
+        timeout: Option<Duration>,
+        credentials: Credentials,
+    ) -> Result<Self, ClientError> {
         let ep = Endpoint::from_shared(endpoint.to_owned())
             .map_err(|e| ClientError::InvalidInput(format!("bad scheduler URL `{endpoint}`: {e}")))?
             .connect_timeout(Duration::from_secs(3))
@@ -74,16 +90,20 @@ impl SchedulerClient {
             .http2_keep_alive_interval(KEEPALIVE_INTERVAL)
             .keep_alive_timeout(KEEPALIVE_TIMEOUT)
             .keep_alive_while_idle(true);
-        let channel = match timeout {
+        let ep = match timeout {
             Some(t) => ep.timeout(t),
             None => ep,
-        }
-        .connect_lazy();
+        };
+        let channel = crate::tls::channel(&ep, credentials.tls.as_ref());
         Ok(Self {
             endpoint: endpoint.to_owned(),
-            raw: Raw::new(Traced::new(channel, endpoint))
-                .max_decoding_message_size(256 << 20)
-                .max_encoding_message_size(256 << 20),
+            raw: Raw::new(Traced::new(
+                Bearer::new(channel, credentials.token.as_ref()),
+                endpoint,
+            ))
+            .max_decoding_message_size(256 << 20)
+            .max_encoding_message_size(256 << 20),
+            credentials,
             max_attempts: 1,
         })
     }
@@ -103,7 +123,7 @@ impl SchedulerClient {
 
     async fn call<T, F, Fut>(&self, f: F) -> Result<T, ClientError>
     where
-        F: Fn(Raw<Traced<Channel>>) -> Fut,
+        F: Fn(Raw<SchedChannel>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut backoff = Duration::from_millis(50);
@@ -176,8 +196,15 @@ impl SchedulerClient {
     }
 
     /// A client of the shards this scheduler maps (every shard must be registered), which
-    /// follows the map when a shard moves. `cfg`'s endpoints and map are replaced.
+    /// follows the map when a shard moves. `cfg`'s endpoints and map are replaced; its TLS and
+    /// token, where unset, are this client's.
     pub async fn ps_client(&self, mut cfg: ClientConfig) -> Result<PsClient, ClientError> {
+        if cfg.credentials.tls.is_none() {
+            cfg.credentials.tls = self.credentials.tls.clone();
+        }
+        if cfg.credentials.token.is_none() {
+            cfg.credentials.token = self.credentials.token.clone();
+        }
         let map = self.shard_map().await?;
         if !map.complete {
             return Err(ClientError::ShardsMissing {

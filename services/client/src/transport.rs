@@ -15,14 +15,15 @@ use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_client::ParameterServerClient;
 use tonic::transport::Endpoint;
 
+use crate::auth::Bearer;
 use crate::bulk::BulkPool;
 use crate::compress::Codecs;
 use crate::error::{self, ClientError, is_transient};
 use crate::link::{Link, LinkChannel};
 use crate::trace::Traced;
 
-/// A shard's gRPC channel: traced, through the link emulator.
-pub(crate) type ShardChannel = Traced<LinkChannel>;
+/// A shard's gRPC channel: traced, with the client's token, through the link emulator.
+pub(crate) type ShardChannel = Traced<Bearer<LinkChannel>>;
 use crate::seq::SeqTracker;
 use crate::{ClientConfig, ShardInfo};
 
@@ -219,7 +220,7 @@ pub(crate) fn bulk_pool(
     if !cfg.bulk || link.is_some() {
         return None;
     }
-    BulkPool::new(ep, port, cfg.connect_timeout, cfg.request_timeout).map(Arc::new)
+    BulkPool::new(ep, port, cfg).map(Arc::new)
 }
 
 /// A lazily connected client for the shard at `ep`, with the windows and limits every shard
@@ -243,8 +244,12 @@ pub(crate) fn shard_client(
         Some(t) => endpoint.timeout(t),
         None => endpoint,
     };
+    let channel = crate::tls::channel(&endpoint, cfg.credentials.tls.as_ref());
     Ok(ParameterServerClient::new(Traced::new(
-        LinkChannel::new(endpoint.connect_lazy(), link),
+        Bearer::new(
+            LinkChannel::new(channel, link),
+            cfg.credentials.token.as_ref(),
+        ),
         ep,
     ))
     .max_decoding_message_size(usize::MAX)

@@ -140,5 +140,7 @@ pub mod wire {
         pub const SHARDS_UNAVAILABLE: &str = "SHARDS_UNAVAILABLE";
         /// A wait for the workers (a checkpoint's boundary) ran out of time (`job`).
         pub const TIMED_OUT: &str = "TIMED_OUT";
+        /// A worker id or a shard slot held by another caller (`holder`): take your own.
+        pub const NOT_YOURS: &str = "NOT_YOURS";
     }
 }

@@ -8,14 +8,17 @@
 use std::convert::Infallible;
 use std::time::Duration;
 
+use tokio_stream::StreamExt as _;
+
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tonic::body::Body;
 use tonic::server::NamedService;
-use tonic::transport::server::TcpIncoming;
 use tonic_health::ServingStatus;
 
+use crate::auth::{Auth, AuthLayer};
 use crate::readiness::Readiness;
+use crate::tls::ServerTls;
 
 /// How a service's gRPC server behaves.
 #[derive(Debug, Clone)]
@@ -28,6 +31,11 @@ pub struct GrpcOptions {
     pub grace: Duration,
     /// Set when the server serves and cleared when shutdown begins, with gRPC health.
     pub readiness: Readiness,
+    /// TLS on the port (mutual when it has a client CA); plaintext when `None`.
+    pub tls: Option<ServerTls>,
+    /// Credentials every call of ours must carry (health and reflection aside); none checked
+    /// when `None`.
+    pub auth: Option<Auth>,
 }
 
 impl Default for GrpcOptions {
@@ -37,6 +45,8 @@ impl Default for GrpcOptions {
             drain: Duration::ZERO,
             grace: Duration::from_secs(30),
             readiness: Readiness::default(),
+            tls: None,
+            auth: None,
         }
     }
 }
@@ -84,10 +94,15 @@ where
     let reflection_alpha = reflection_alpha.build_v1alpha()?;
 
     let local = listener.local_addr()?;
-    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-
     // Stops accepting after NOT_SERVING and the drain delay.
     let stop = CancellationToken::new();
+    let incoming = tokio_stream::wrappers::ReceiverStream::new(crate::tls::accept_loop(
+        listener,
+        opts.tls.clone(),
+        stop.clone(),
+        "grpc",
+    ))
+    .map(Ok::<_, std::io::Error>);
     let stop_accepting = stop.clone();
     let drain = opts.drain;
     let readiness = opts.readiness.clone();
@@ -109,12 +124,19 @@ where
         stop_accepting.cancel();
     });
 
-    tracing::info!(%local, service = S::NAME, "gRPC server listening");
+    tracing::info!(
+        %local,
+        service = S::NAME,
+        tls = opts.tls.as_ref().map_or("off", |t| if t.mutual() { "mutual" } else { "on" }),
+        auth = opts.auth.is_some(),
+        "gRPC server listening"
+    );
     let server = tonic::transport::Server::builder()
         .layer(tower::util::MapResponseLayer::new(
             oversize_is_resource_exhausted,
         ))
         .layer(crate::trace::ServerTraceLayer)
+        .layer(AuthLayer(opts.auth.clone()))
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(Some(1 << 20))

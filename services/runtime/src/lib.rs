@@ -10,10 +10,13 @@
 //! - [`service`]: the flags every service has (addresses, data dir, drain, ready file), once;
 //! - [`ready`]: the ready file a service writes with the addresses it got;
 //! - [`trace`]: each call answered in a server span joined to the caller's trace context;
-//! - [`status`]: refusals with a `google.rpc.ErrorInfo` reason, for any client to act on.
+//! - [`status`]: refusals with a `google.rpc.ErrorInfo` reason, for any client to act on;
+//! - [`tls`]: TLS (mutual when asked) on every port, certificates reloaded when they change;
+//! - [`auth`]: bearer tokens and certificate names with roles and jobs, checked on every call.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod auth;
 pub mod config;
 pub mod grpc;
 pub mod metrics;
@@ -23,6 +26,7 @@ pub mod service;
 pub mod shutdown;
 pub mod status;
 pub mod telemetry;
+pub mod tls;
 pub mod trace;
 
 pub use tokio_util::sync::CancellationToken;

@@ -11,6 +11,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::readiness::Readiness;
+use crate::tls::{Accepted, ServerTls};
 
 mod process;
 pub use process::{cpu_seconds, watch_disk};
@@ -56,9 +57,10 @@ pub fn install(service: &'static str) -> anyhow::Result<PrometheusHandle> {
 
 /// Serves `GET /metrics` (Prometheus text format), `GET /healthz` (200 while the process
 /// answers) and `GET /readyz` (200 when `readiness` says so, else 503) until `shutdown` is
-/// cancelled.
+/// cancelled; over TLS when `tls` is given.
 pub async fn serve(
     listener: TcpListener,
+    tls: Option<ServerTls>,
     handle: PrometheusHandle,
     readiness: Readiness,
     shutdown: CancellationToken,
@@ -88,17 +90,37 @@ pub async fn serve(
                 }
             }),
         );
-    axum::serve(listener, app)
+    let local = listener.local_addr()?;
+    let rx = crate::tls::accept_loop(listener, tls, shutdown.clone(), "metrics");
+    axum::serve(Accepted { rx, local }, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await
 }
 
+/// A connection whose TLS handshake failed (a plaintext client on a TLS port, a certificate
+/// the server does not trust), by port (`grpc`, `bulk`, `metrics`).
+pub(crate) fn tls_handshake_failed(port: &'static str) {
+    metrics::counter!("ps_tls_handshake_failures_total", "port" => port).increment(1);
+}
+
+/// A call refused by the auth layer, by code (`unauthenticated`, `permission_denied`).
+pub fn auth_refused(code: tonic::Code) {
+    let code = match code {
+        tonic::Code::Unauthenticated => "unauthenticated",
+        tonic::Code::PermissionDenied => "permission_denied",
+        tonic::Code::ResourceExhausted => "resource_exhausted",
+        _ => "other",
+    };
+    metrics::counter!("ps_auth_refusals_total", "code" => code).increment(1);
+}
+
 /// Installs the recorder for `service` and, when a listener is given, serves `/metrics`,
-/// `/healthz` and `/readyz` on it in the background until `shutdown`: the start of every
-/// service's `run`.
+/// `/healthz` and `/readyz` on it in the background until `shutdown` (over `tls` when given):
+/// the start of every service's `run`.
 pub fn start(
     service: &'static str,
     listener: Option<TcpListener>,
+    tls: Option<ServerTls>,
     readiness: &Readiness,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -107,7 +129,7 @@ pub fn start(
         let token = shutdown.clone();
         let readiness = readiness.clone();
         tokio::spawn(async move {
-            if let Err(e) = serve(l, handle, readiness, token).await {
+            if let Err(e) = serve(l, tls, handle, readiness, token).await {
                 tracing::error!(error = %e, "metrics endpoint failed");
             }
         });

@@ -40,6 +40,101 @@ pub struct ServiceArgs {
     pub ready_file: Option<PathBuf>,
     #[command(flatten)]
     pub log: crate::telemetry::LogArgs,
+    #[command(flatten)]
+    pub security: ServerSecurity,
+}
+
+/// How a client (a worker, psctl, a service calling another) connects: TLS and its token.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ClientSecurity {
+    /// CA certificate (PEM) the servers' certificates must chain to: TLS on every connection.
+    #[arg(long, env = "PS_TLS_CA")]
+    pub tls_ca: Option<PathBuf>,
+    /// This process's certificate chain (PEM): shown to servers that ask for one (mutual TLS);
+    /// a service also serves with it.
+    #[arg(long, env = "PS_TLS_CERT")]
+    pub tls_cert: Option<PathBuf>,
+    /// The private key (PEM) of --tls-cert.
+    #[arg(long, env = "PS_TLS_KEY")]
+    pub tls_key: Option<PathBuf>,
+    /// File whose first line is this process's bearer token (or the token in PS_TOKEN).
+    #[arg(long, env = "PS_TOKEN_FILE")]
+    pub token_file: Option<PathBuf>,
+}
+
+impl ClientSecurity {
+    /// The TLS settings and token these flags give (plaintext and no token without them).
+    pub fn credentials(&self) -> anyhow::Result<ps_client::Credentials> {
+        let tls = match &self.tls_ca {
+            Some(ca) => Some(ps_client::tls::ClientTls::new(
+                ps_client::tls::ClientTlsFiles {
+                    ca: ca.clone(),
+                    cert: self.tls_cert.clone(),
+                    key: self.tls_key.clone(),
+                },
+            )?),
+            None => None,
+        };
+        let token = match (&self.token_file, std::env::var("PS_TOKEN")) {
+            (Some(f), _) => Some(ps_client::Token::from_file(f)?),
+            (None, Ok(t)) if !t.is_empty() => Some(ps_client::Token::new(&t)?),
+            _ => None,
+        };
+        Ok(ps_client::Credentials { tls, token })
+    }
+}
+
+/// A service's security flags: its TLS as a server (and as a client of the other services),
+/// the tokens it admits, and its own token for the calls it makes.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct ServerSecurity {
+    #[command(flatten)]
+    pub client: ClientSecurity,
+    /// Mutual TLS: CA certificate (PEM) that clients' certificates must chain to; a client
+    /// without one is refused. Needs --tls-cert and --tls-key.
+    #[arg(long, env = "PS_TLS_CLIENT_CA")]
+    pub tls_client_ca: Option<PathBuf>,
+    /// Tokens file (TOML: name, role, jobs, sha256 of the token, cert_name): every call must
+    /// carry a known token or client certificate; `psctl token` makes entries. Reloaded when
+    /// it changes.
+    #[arg(long, env = "PS_AUTH_TOKENS")]
+    pub auth_tokens: Option<PathBuf>,
+    /// Serve the metrics port with TLS too (the same certificate and client CA).
+    #[arg(long, env = "PS_METRICS_TLS")]
+    pub metrics_tls: bool,
+}
+
+impl ServerSecurity {
+    /// TLS for the service's ports: on with --tls-cert and --tls-key.
+    pub fn server_tls(&self) -> anyhow::Result<Option<crate::tls::ServerTls>> {
+        match (&self.client.tls_cert, &self.client.tls_key) {
+            (Some(cert), Some(key)) => Ok(Some(crate::tls::ServerTls::new(
+                crate::tls::ServerTlsFiles {
+                    cert: cert.clone(),
+                    key: key.clone(),
+                    client_ca: self.tls_client_ca.clone(),
+                },
+            )?)),
+            (None, None) if self.tls_client_ca.is_none() && !self.metrics_tls => Ok(None),
+            (None, None) => anyhow::bail!(
+                "--tls-client-ca and --metrics-tls need the service's --tls-cert and --tls-key"
+            ),
+            _ => anyhow::bail!("TLS needs both --tls-cert and --tls-key"),
+        }
+    }
+
+    /// The files loaded and checked: a bad one stops the service at start-up.
+    pub fn resolve(&self) -> anyhow::Result<Security> {
+        Ok(Security {
+            tls: self.server_tls()?,
+            metrics_tls: self.metrics_tls,
+            auth: match &self.auth_tokens {
+                Some(p) => Some(crate::auth::Auth::load(p.clone())?),
+                None => None,
+            },
+            credentials: self.client.credentials()?,
+        })
+    }
 }
 
 /// The shared keys of a service's TOML file.
@@ -78,6 +173,28 @@ pub struct ServiceConfig {
     /// Longest wait for in-flight calls once the listener is closed.
     pub grace: Duration,
     pub ready_file: Option<PathBuf>,
+    /// TLS, the tokens admitted, and the service's own credentials for the calls it makes.
+    pub security: Security,
+}
+
+/// A service's security, resolved from [`ServerSecurity`]: everything off by default.
+#[derive(Debug, Clone, Default)]
+pub struct Security {
+    /// TLS on the gRPC port and the bulk stream.
+    pub tls: Option<crate::tls::ServerTls>,
+    /// TLS on the metrics port too.
+    pub metrics_tls: bool,
+    /// Credentials checked on every call.
+    pub auth: Option<crate::auth::Auth>,
+    /// What the service's own calls (to the scheduler, to the shards) carry.
+    pub credentials: ps_client::Credentials,
+}
+
+impl Security {
+    /// The metrics port's TLS: the service's, when --metrics-tls asks for it.
+    pub fn metrics_tls(&self) -> Option<crate::tls::ServerTls> {
+        self.tls.clone().filter(|_| self.metrics_tls)
+    }
 }
 
 impl ServiceConfig {
@@ -91,6 +208,7 @@ impl ServiceConfig {
             drain: Duration::ZERO,
             grace,
             ready_file: None,
+            security: Security::default(),
         }
     }
 }
@@ -126,6 +244,7 @@ impl ServiceArgs {
             drain: Duration::from_millis(self.drain_ms.or(file.drain_ms).unwrap_or(0)),
             grace: file.grace_ms.map_or(defaults.grace, Duration::from_millis),
             ready_file: self.ready_file.clone(),
+            security: self.security.resolve()?,
         })
     }
 }
