@@ -154,8 +154,7 @@ impl LocalSecurity {
             std::fs::create_dir_all(&dir)?;
             let mut entries = String::new();
             for (name, role) in LOCAL_TOKENS {
-                let token = ps_runtime::auth::new_token()
-                    .map_err(|_| anyhow::anyhow!("no random bytes for a token"))?;
+                let token = ps_runtime::auth::new_token()?;
                 std::fs::write(dir.join(format!("{name}.token")), format!("{token}\n"))?;
                 entries.push_str(&format!(
                     "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\njobs = [\"*\"]\nsha256 = \"{}\"\n\n",

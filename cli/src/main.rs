@@ -154,6 +154,11 @@ async fn main() -> ExitCode {
                     "psctl: cannot reach the scheduler at {} ({e}); is it running? (set --scheduler or PS_SCHEDULER)",
                     cli.scheduler
                 );
+            } else if cli.security.tls_ca.is_none() && e.to_string().contains("h2 protocol error") {
+                // What a plaintext client reads from a TLS port.
+                eprintln!(
+                    "psctl: {e} (does the scheduler serve TLS? pass --tls-ca, or set PS_TLS_CA)"
+                );
             } else {
                 eprintln!("psctl: {e}");
             }

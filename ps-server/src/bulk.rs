@@ -16,7 +16,7 @@ use ps_core::wire::reason;
 use ps_proto::bulk::{self, Head, PULL_DENSE_PATH, PUSH_DENSE_PATH};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_server::ParameterServer;
-use ps_runtime::auth::Auth;
+use ps_runtime::auth::{Admission, Auth};
 use ps_runtime::status::{invalid_field, refusal};
 use ps_runtime::tls::{Peer, PeerConn, ServerTls};
 use ps_runtime::trace;
@@ -213,14 +213,21 @@ struct Gate {
 
 impl Gate {
     /// The call to `path` as the handler gets it: admitted with the header's credentials (as
-    /// the gRPC port admits its calls), the caller in its extensions.
-    fn admit<T>(&self, path: &str, authorization: &str, req: T) -> Result<Request<T>, Status> {
+    /// the gRPC port admits its calls), the caller in its extensions; the admission holds the
+    /// call's place in its caller's limits until dropped.
+    fn admit<T>(
+        &self,
+        path: &str,
+        authorization: &str,
+        req: T,
+    ) -> Result<(Request<T>, Option<Admission>), Status> {
         let mut request = Request::new(req);
-        if let Some(auth) = &self.auth {
-            let caller = auth.admit(path, Some(authorization), Some(&self.peer))?;
-            request.extensions_mut().insert(caller);
-        }
-        Ok(request)
+        let Some(auth) = &self.auth else {
+            return Ok((request, None));
+        };
+        let (caller, admission) = auth.admit(path, Some(authorization), Some(&self.peer))?;
+        request.extensions_mut().insert(caller);
+        Ok((request, Some(admission)))
     }
 }
 
@@ -247,7 +254,8 @@ async fn call<S: Store>(
             // Credentials before the body is read or held.
             let authorization = std::mem::take(&mut req.authorization);
             let parent = std::mem::take(&mut req.trace_context);
-            let mut req = match gate.admit(PUSH_DENSE_PATH, &authorization, req) {
+            // `_admitted` holds the call's place in its caller's limits until it is answered.
+            let (mut req, _admitted) = match gate.admit(PUSH_DENSE_PATH, &authorization, req) {
                 Ok(r) => r,
                 Err(refused) => {
                     discard(sock, head.body_len, timeout).await?;
@@ -294,7 +302,7 @@ async fn call<S: Store>(
             };
             let parent = std::mem::take(&mut req.trace_context);
             let authorization = std::mem::take(&mut req.authorization);
-            let req = match gate.admit(PULL_DENSE_PATH, &authorization, req) {
+            let (req, _admitted) = match gate.admit(PULL_DENSE_PATH, &authorization, req) {
                 Ok(r) => r,
                 Err(refused) => return Ok(Err(refused)),
             };

@@ -226,6 +226,7 @@ async fn serve<S: Store>(
         readiness,
         tls: cfg.service.security.tls.clone(),
         auth: cfg.service.security.auth.clone(),
+        limits: cfg.service.limits,
     };
     let served = ps_runtime::grpc::serve(listener, grpc, opts, shutdown).await;
     // The engine closes once neither listener can reach it.

@@ -71,6 +71,7 @@ pub async fn run(
         readiness,
         tls: cfg.service.security.tls.clone(),
         auth: cfg.service.security.auth.clone(),
+        limits: cfg.service.limits,
     };
     let served = ps_runtime::grpc::serve(listener, svc, opts, shutdown).await;
     // After the server has drained, so that the last write sees every call.

@@ -45,6 +45,8 @@ fn check_families(service: &str, text: &str, families: &[&str]) {
         "process_max_fds",
         "process_start_time_seconds",
         "ps_build_info",
+        "ps_tls_handshake_failures_total",
+        "ps_auth_refusals_total",
     ]) {
         assert!(
             text.contains(&format!("# TYPE {f} ")),

@@ -53,6 +53,15 @@ struct Args {
     /// Dense pushes and pulls through gRPC only, not the shards' bulk stream.
     #[arg(long)]
     grpc_only: bool,
+    /// Mutual TLS on every connection, with the certificates `scripts/dev-certs.sh DIR` made
+    /// (to measure what TLS costs: run with and without it).
+    #[arg(long)]
+    tls_dir: Option<std::path::PathBuf>,
+    /// Only the flood cases: one tenant's pull latency while another floods the shard with
+    /// pushes, without limits and with the flooder's token limited to this many calls in
+    /// flight (tokens checked on both runs).
+    #[arg(long)]
+    flood: Option<u32>,
 }
 
 fn memcpy_gbps() -> f64 {
@@ -129,7 +138,24 @@ struct Cluster {
 }
 
 impl Cluster {
-    fn start(shards: u32, durable: bool, sync: bool, dense_log_mib: Option<u64>) -> Self {
+    fn start(
+        shards: u32,
+        durable: bool,
+        sync: bool,
+        dense_log_mib: Option<u64>,
+        tls_dir: Option<&std::path::Path>,
+    ) -> Self {
+        Self::start_with(shards, durable, sync, dense_log_mib, tls_dir, None)
+    }
+
+    fn start_with(
+        shards: u32,
+        durable: bool,
+        sync: bool,
+        dense_log_mib: Option<u64>,
+        tls_dir: Option<&std::path::Path>,
+        auth: Option<ps_runtime::auth::Auth>,
+    ) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("shard")
@@ -148,6 +174,17 @@ impl Cluster {
             if let Some(mib) = dense_log_mib {
                 cfg.rocksdb.dense_log_mib = mib;
             }
+            if let Some(d) = tls_dir {
+                cfg.service.security.tls = Some(
+                    ps_runtime::tls::ServerTls::new(ps_runtime::tls::ServerTlsFiles {
+                        cert: d.join("server.pem"),
+                        key: d.join("server.key"),
+                        client_ca: Some(d.join("ca.pem")),
+                    })
+                    .expect("the TLS files of --tls-dir"),
+                );
+            }
+            cfg.service.security.auth = auth.clone();
             let listener = rt.block_on(TcpListener::bind("127.0.0.1:0")).expect("bind");
             endpoints.push(format!("http://{}", listener.local_addr().expect("addr")));
             handles.push(rt.spawn(ps_server::run(cfg, listener, None, shutdown.clone())));
@@ -172,22 +209,30 @@ impl Cluster {
 }
 
 /// How the benchmark's clients talk to the shards.
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Transport {
     request_kib: usize,
     bulk: bool,
+    /// Mutual TLS (the server's certificate doubles as the client's).
+    tls: Option<ps_client::tls::ClientTls>,
 }
 
 impl Transport {
-    fn name(self) -> &'static str {
-        if self.bulk { "bulk" } else { "grpc" }
+    fn name(&self) -> &'static str {
+        match (self.bulk, self.tls.is_some()) {
+            (true, false) => "bulk",
+            (false, false) => "grpc",
+            (true, true) => "bulk+tls",
+            (false, true) => "grpc+tls",
+        }
     }
 }
 
-fn client_config(endpoints: &[String], t: Transport) -> ClientConfig {
+fn client_config(endpoints: &[String], t: &Transport) -> ClientConfig {
     let mut cfg = ClientConfig::new(endpoints.to_vec());
     cfg.max_request_bytes = t.request_kib << 10;
     cfg.bulk = t.bulk;
+    cfg.credentials.tls = t.tls.clone();
     cfg
 }
 
@@ -197,7 +242,7 @@ async fn dense_case(
     floats: usize,
     seconds: f64,
     warmup: f64,
-    t: Transport,
+    t: &Transport,
 ) -> anyhow::Result<(f64, usize)> {
     let mut tasks = Vec::new();
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients));
@@ -253,7 +298,7 @@ async fn dense_case(
 async fn sparse_case(
     endpoints: &[String],
     seconds: f64,
-    t: Transport,
+    t: &Transport,
 ) -> anyhow::Result<(f64, f64, f64)> {
     let dim = 64;
     let batch = 4096;
@@ -304,17 +349,159 @@ async fn sparse_case(
     ))
 }
 
+/// Tokens for the flood cases: an operator (tables), the victim, and the flooder (limited to
+/// `flooder_in_flight` calls at once when given). Returns the file's directory and the tokens.
+fn flood_tokens(
+    flooder_in_flight: Option<u32>,
+) -> anyhow::Result<(tempfile::TempDir, ps_runtime::auth::Auth, [String; 3])> {
+    use ps_runtime::auth::{hex, new_token, token_hash};
+    let dir = tempfile::tempdir()?;
+    let tokens = [new_token()?, new_token()?, new_token()?];
+    let mut text = String::new();
+    for ((name, role), t) in [
+        ("op", "operator"),
+        ("victim", "worker"),
+        ("flooder", "worker"),
+    ]
+    .iter()
+    .zip(&tokens)
+    {
+        text.push_str(&format!(
+            "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\njobs = [\"*\"]\nsha256 = \"{}\"\n",
+            hex(&token_hash(t))
+        ));
+        if *name == "flooder"
+            && let Some(n) = flooder_in_flight
+        {
+            text.push_str(&format!("max_in_flight = {n}\n"));
+        }
+    }
+    let path = dir.path().join("tokens.toml");
+    std::fs::write(&path, text)?;
+    let auth = ps_runtime::auth::Auth::load(path)?;
+    Ok((dir, auth, tokens))
+}
+
+fn config_as(endpoints: &[String], token: &str) -> anyhow::Result<ClientConfig> {
+    let mut cfg = ClientConfig::new(endpoints.to_vec());
+    cfg.credentials.token = Some(ps_client::Token::new(token)?);
+    // The flooder's calls over its limit are retried (after a pause) as a real client's are.
+    cfg.max_attempts = u32::MAX;
+    cfg.initial_backoff = std::time::Duration::from_millis(5);
+    cfg.max_backoff = std::time::Duration::from_millis(50);
+    Ok(cfg)
+}
+
+/// The victim's pull latencies (p50, p99 in ms) over `seconds` while `flooders` tasks push
+/// 1 M floats each as fast as they can (none: a quiet shard); and the flood's pushes per second.
+async fn flood_case(
+    endpoints: &[String],
+    tokens: &[String; 3],
+    flooders: usize,
+    seconds: f64,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let op = PsClient::connect(config_as(endpoints, &tokens[0])?).await?;
+    for (name, n) in [("v/t", 64u64 << 10), ("f/t", 1 << 20)] {
+        op.create_table(TableSpec::dense(name, &[n])?.with_optimizer(Optimizer::sgd(1e-6))?)
+            .await?;
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let pushes = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let flooder = PsClient::connect(config_as(endpoints, &tokens[2])?).await?;
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(9);
+    let normal = rand_distr::Normal::new(0.0f32, 1e-3)?;
+    let grad: std::sync::Arc<Vec<f32>> =
+        std::sync::Arc::new((0..1 << 20).map(|_| normal.sample(&mut rng)).collect());
+    let tasks: Vec<_> = (0..flooders)
+        .map(|_| {
+            let (ps, stop, pushes, grad) =
+                (flooder.clone(), stop.clone(), pushes.clone(), grad.clone());
+            tokio::spawn(async move {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    ps.push_dense("f/t", &grad).await?;
+                    pushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+                Ok::<_, anyhow::Error>(())
+            })
+        })
+        .collect();
+    let victim = PsClient::connect(config_as(endpoints, &tokens[1])?).await?;
+    // Let the flood build up.
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let (before, t) = (
+        pushes.load(std::sync::atomic::Ordering::Relaxed),
+        Instant::now(),
+    );
+    let mut lat = Vec::new();
+    while t.elapsed().as_secs_f64() < seconds {
+        let s = Instant::now();
+        std::hint::black_box(victim.pull_dense("v/t").await?);
+        lat.push(s.elapsed().as_secs_f64() * 1e3);
+    }
+    let rate = (pushes.load(std::sync::atomic::Ordering::Relaxed) - before) as f64
+        / t.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    for task in tasks {
+        task.await??;
+    }
+    lat.sort_by(f64::total_cmp);
+    let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
+    Ok((q(0.5), q(0.99), rate))
+}
+
+/// `--flood N`: the victim's pull latency on a quiet shard, under an unlimited flood, and
+/// under the same flood with the flooder's token limited to N calls in flight.
+fn flood(client_rt: &tokio::runtime::Runtime, limit: u32, seconds: f64) -> anyhow::Result<()> {
+    let flooders = 32;
+    let mut quiet_p99 = None;
+    for (case, n, in_flight) in [
+        ("quiet", 0, None),
+        ("unlimited", flooders, None),
+        ("limited", flooders, Some(limit)),
+    ] {
+        let (_dir, auth, tokens) = flood_tokens(in_flight)?;
+        let cluster = Cluster::start_with(1, false, false, None, None, Some(auth));
+        let (p50, p99, rate) =
+            client_rt.block_on(flood_case(&cluster.endpoints, &tokens, n, seconds))?;
+        cluster.stop();
+        let quiet = *quiet_p99.get_or_insert(p99);
+        println!(
+            "{{\"case\":\"flood\",\"flooder\":\"{case}\",\"flooder_tasks\":{n},\"flooder_max_in_flight\":{},\"flooder_pushes_per_s\":{rate:.1},\"victim_pull_p50_ms\":{p50:.3},\"victim_pull_p99_ms\":{p99:.3},\"p99_vs_quiet\":{:.2}}}",
+            in_flight.map_or("null".to_owned(), |n| n.to_string()),
+            p99 / quiet
+        );
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    if let Some(limit) = args.flood {
+        let client_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("client")
+            .enable_all()
+            .build()?;
+        return flood(&client_rt, limit, args.seconds.max(3.0));
+    }
     let memcpy = memcpy_gbps();
     let tcp = tcp_gbps();
     println!("{{\"case\":\"memcpy\",\"gbps\":{memcpy:.3}}}");
     println!("{{\"case\":\"loopback_tcp\",\"gbps\":{tcp:.3}}}");
     let append = file_append_gbps();
     println!("{{\"case\":\"file_append\",\"gbps\":{append:.3}}}");
+    let tls_dir = args.tls_dir.as_deref();
     let transport = Transport {
         request_kib: args.request_kib,
         bulk: !args.grpc_only,
+        tls: tls_dir.map(|d| {
+            ps_client::tls::ClientTls::new(ps_client::tls::ClientTlsFiles {
+                ca: d.join("ca.pem"),
+                cert: Some(d.join("server.pem")),
+                key: Some(d.join("server.key")),
+            })
+            .expect("the TLS files of --tls-dir")
+        }),
     };
     let client_rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -349,7 +536,7 @@ fn main() -> anyhow::Result<()> {
             if args.mode.as_deref().is_some_and(|m| m != mode) {
                 continue;
             }
-            let cluster = Cluster::start(shards, durable, sync, args.dense_log_mib);
+            let cluster = Cluster::start(shards, durable, sync, args.dense_log_mib, tls_dir);
             for &floats in &sizes {
                 let (gbps, rounds) = client_rt.block_on(dense_case(
                     &cluster.endpoints,
@@ -357,7 +544,7 @@ fn main() -> anyhow::Result<()> {
                     floats,
                     seconds,
                     warmup,
-                    transport,
+                    &transport,
                 ))?;
                 println!(
                     "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{shards},\"clients\":{clients},\"mode\":\"{mode}\",\"transport\":\"{}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
@@ -372,7 +559,7 @@ fn main() -> anyhow::Result<()> {
     }
     // The cost of fsync per group commit, on the largest size.
     if !args.only_sparse && args.mode.as_deref().is_none_or(|m| m == "durable+sync") {
-        let cluster = Cluster::start(1, true, true, args.dense_log_mib);
+        let cluster = Cluster::start(1, true, true, args.dense_log_mib, tls_dir);
         let floats = *sizes.iter().max().unwrap_or(&(1 << 20));
         let (gbps, rounds) = client_rt.block_on(dense_case(
             &cluster.endpoints,
@@ -380,7 +567,7 @@ fn main() -> anyhow::Result<()> {
             floats,
             seconds,
             warmup,
-            transport,
+            &transport,
         ))?;
         println!(
             "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":1,\"clients\":1,\"mode\":\"durable+sync\",\"transport\":\"{}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
@@ -397,9 +584,12 @@ fn main() -> anyhow::Result<()> {
             ("durable+sync", true, true),
             ("memory", false, false),
         ] {
-            let cluster = Cluster::start(1, durable, sync, args.dense_log_mib);
-            let (keys, unique, per_write) =
-                client_rt.block_on(sparse_case(&cluster.endpoints, seconds.max(2.0), transport))?;
+            let cluster = Cluster::start(1, durable, sync, args.dense_log_mib, tls_dir);
+            let (keys, unique, per_write) = client_rt.block_on(sparse_case(
+                &cluster.endpoints,
+                seconds.max(2.0),
+                &transport,
+            ))?;
             println!(
                 "{{\"case\":\"sparse_adagrad_dim64\",\"shards\":1,\"mode\":\"{mode}\",\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2}}}"
             );

@@ -102,6 +102,10 @@ pub(crate) fn reason_of(s: &tonic::Status) -> Option<String> {
 pub(crate) fn is_transient(s: &tonic::Status) -> bool {
     match s.code() {
         tonic::Code::Unavailable | tonic::Code::Cancelled => true,
+        // Over the caller's own limits: the next attempt, after the backoff, may pass.
+        tonic::Code::ResourceExhausted => {
+            reason_of(s).as_deref() == Some(ps_core::wire::reason::CALLER_LIMIT)
+        }
         tonic::Code::Unknown => {
             let mut source = std::error::Error::source(s);
             while let Some(e) = source {

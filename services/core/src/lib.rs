@@ -142,5 +142,8 @@ pub mod wire {
         pub const TIMED_OUT: &str = "TIMED_OUT";
         /// A worker id or a shard slot held by another caller (`holder`): take your own.
         pub const NOT_YOURS: &str = "NOT_YOURS";
+        /// A caller over its own limit of calls in flight or per second (`caller`, `limit`):
+        /// retry after a pause; the limits of the other callers are theirs.
+        pub const CALLER_LIMIT: &str = "CALLER_LIMIT";
     }
 }

@@ -6,6 +6,11 @@
 //! [`Caller`]. No credentials: `unauthenticated`; a known caller out of its role or jobs:
 //! `permission_denied`. Without the flag every call is admitted as [`Caller::Open`].
 //!
+//! An entry may limit its caller (`max_in_flight` calls at once, `max_calls_per_second`, over
+//! every connection it makes): a call over either is answered `resource_exhausted` with the
+//! reason `CALLER_LIMIT` at once, without queueing, so that one flooding tenant takes its own
+//! share and no more (the SDK retries such a call after its backoff).
+//!
 //! The file is read again when it changes (at most once a second), so tokens are added and
 //! revoked without a restart. It holds SHA-256 hashes, never tokens:
 //!
@@ -16,6 +21,8 @@
 //! jobs = ["fmnist"]                # or ["*"]: every job (cluster-wide methods need it)
 //! sha256 = "<64 hex digits>"       # of the token; `psctl token` makes both
 //! cert_name = "trainer.ps.local"   # optional: a client certificate's DNS name that stands in
+//! max_in_flight = 64               # optional: calls at once
+//! max_calls_per_second = 5000      # optional: a token bucket, one second of burst
 //! ```
 
 use std::collections::HashMap;
@@ -118,11 +125,69 @@ impl Jobs {
 }
 
 /// A known caller: an entry of the tokens file.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Identity {
     pub name: String,
     pub role: Role,
     pub jobs: Jobs,
+    /// Its limits, shared by all its calls; none when the entry sets none.
+    pub limits: Option<Limiter>,
+}
+
+/// One caller's limits: calls in flight, and a token bucket of calls per second.
+#[derive(Debug)]
+pub struct Limiter {
+    in_flight: Arc<tokio::sync::Semaphore>,
+    max_in_flight: u32,
+    /// Calls per second, and the bucket: (tokens, when last filled).
+    rate: Option<f64>,
+    bucket: parking_lot::Mutex<(f64, std::time::Instant)>,
+}
+
+/// A call's place in its caller's limit, held until it is answered.
+#[derive(Debug)]
+pub struct Admission {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl Limiter {
+    fn new(max_in_flight: Option<u32>, rate: Option<f64>) -> Self {
+        let max = max_in_flight.unwrap_or(u32::MAX >> 3);
+        Self {
+            in_flight: Arc::new(tokio::sync::Semaphore::new(max as usize)),
+            max_in_flight: max,
+            rate,
+            bucket: parking_lot::Mutex::new((rate.unwrap_or(0.0), std::time::Instant::now())),
+        }
+    }
+
+    /// A place for one more call, or `resource_exhausted` (CALLER_LIMIT) naming the limit.
+    fn admit(&self, who: &str) -> Result<Admission, Status> {
+        if let Some(rate) = self.rate {
+            let mut b = self.bucket.lock();
+            let now = std::time::Instant::now();
+            b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * rate).min(rate.max(1.0));
+            b.1 = now;
+            if b.0 < 1.0 {
+                return Err(over(who, format!("{rate} calls per second")));
+            }
+            b.0 -= 1.0;
+        }
+        match self.in_flight.clone().try_acquire_owned() {
+            Ok(p) => Ok(Admission { _permit: Some(p) }),
+            Err(_) => Err(over(who, format!("{} calls in flight", self.max_in_flight))),
+        }
+    }
+}
+
+fn over(who: &str, limit: String) -> Status {
+    crate::metrics::auth_refused(Code::ResourceExhausted);
+    crate::status::refusal(
+        Code::ResourceExhausted,
+        ps_core::wire::reason::CALLER_LIMIT,
+        format!("`{who}` is over its limit of {limit}; retry after a pause"),
+        [("caller", who.to_owned()), ("limit", limit)],
+    )
 }
 
 /// Who made a call, as the handlers see it.
@@ -232,6 +297,8 @@ struct Entry {
     jobs: Vec<String>,
     sha256: Option<String>,
     cert_name: Option<String>,
+    max_in_flight: Option<u32>,
+    max_calls_per_second: Option<f64>,
 }
 
 /// The tokens file, loaded: callers by token hash and by certificate name.
@@ -250,10 +317,12 @@ pub fn token_hash(token: &str) -> [u8; 32] {
 }
 
 /// A new random token: 32 bytes from the system's generator, as hex.
-pub fn new_token() -> Result<String, ring::error::Unspecified> {
+pub fn new_token() -> std::io::Result<String> {
     use ring::rand::SecureRandom as _;
     let mut b = [0u8; 32];
-    ring::rand::SystemRandom::new().fill(&mut b)?;
+    ring::rand::SystemRandom::new()
+        .fill(&mut b)
+        .map_err(|_| std::io::Error::other("the system's random generator failed"))?;
     Ok(hex(&b))
 }
 
@@ -307,10 +376,21 @@ impl Tokens {
             } else {
                 jobs
             };
+            if e.max_in_flight == Some(0)
+                || e.max_calls_per_second
+                    .is_some_and(|r| !(r.is_finite() && r > 0.0))
+            {
+                return Err(format!(
+                    "{at}: max_in_flight and max_calls_per_second are above 0 when set"
+                ));
+            }
+            let limits = (e.max_in_flight.is_some() || e.max_calls_per_second.is_some())
+                .then(|| Limiter::new(e.max_in_flight, e.max_calls_per_second));
             let id = Arc::new(Identity {
                 name: e.name.clone(),
                 role: e.role,
                 jobs,
+                limits,
             });
             if let Some(h) = &e.sha256 {
                 let h = unhex(&h.to_ascii_lowercase())
@@ -352,16 +432,17 @@ impl Auth {
     }
 
     /// Who calls, from the `authorization` value (`Bearer <token>`) or the peer's certificate,
-    /// and whether their role may call `path`. A token, when given, decides: a wrong token is
-    /// refused even with a good certificate.
+    /// whether their role may call `path`, and whether their limits have room for the call
+    /// (the [`Admission`] holds its place until dropped). A token, when given, decides: a
+    /// wrong token is refused even with a good certificate.
     pub fn admit(
         &self,
         path: &str,
         authorization: Option<&str>,
         peer: Option<&Peer>,
-    ) -> Result<Caller, Status> {
+    ) -> Result<(Caller, Admission), Status> {
         let Some(roles) = allowed(path) else {
-            return Ok(Caller::Open);
+            return Ok((Caller::Open, Admission { _permit: None }));
         };
         let tokens = self.tokens.get();
         let id = match authorization.filter(|a| !a.is_empty()) {
@@ -396,7 +477,11 @@ impl Auth {
                 path.trim_start_matches('/')
             )));
         }
-        Ok(Caller::Known(id.clone()))
+        let admission = match &id.limits {
+            Some(l) => l.admit(&id.name)?,
+            None => Admission { _permit: None },
+        };
+        Ok((Caller::Known(id.clone()), admission))
     }
 }
 
@@ -446,8 +531,14 @@ where
                 authorization,
                 req.extensions().get::<Peer>(),
             ) {
-                Ok(caller) => {
+                Ok((caller, admission)) => {
                     req.extensions_mut().insert(caller);
+                    let call = self.inner.call(req);
+                    return Box::pin(async move {
+                        let answer = call.await;
+                        drop(admission);
+                        answer
+                    });
                 }
                 Err(status) => return Box::pin(async move { Ok(status.into_http()) }),
             }
@@ -476,7 +567,7 @@ mod tests {
             hex(&token_hash(t))
         ));
         let push = "/ps.v1.ParameterServer/PushDense";
-        let c = a.admit(push, Some(&format!("Bearer {t}")), None).unwrap();
+        let (c, _) = a.admit(push, Some(&format!("Bearer {t}")), None).unwrap();
         assert_eq!(c.name(), "w");
         c.may_touch_table("j/w0").unwrap();
         assert_eq!(
@@ -508,13 +599,39 @@ mod tests {
     }
 
     #[test]
+    fn a_caller_over_its_limits_is_refused_at_once_and_admitted_again_when_under() {
+        let t = "a-flooding-token-0123456789";
+        let (_d, a) = auth(&format!(
+            "[[token]]\nname = \"f\"\nrole = \"worker\"\njobs = [\"*\"]\nsha256 = \"{}\"\n\
+             max_in_flight = 2\nmax_calls_per_second = 3\n",
+            hex(&token_hash(t))
+        ));
+        let bearer = format!("Bearer {t}");
+        let pull = "/ps.v1.ParameterServer/PullDense";
+        let first = a.admit(pull, Some(&bearer), None).unwrap();
+        let second = a.admit(pull, Some(&bearer), None).unwrap();
+        let e = a.admit(pull, Some(&bearer), None).unwrap_err();
+        assert_eq!(e.code(), Code::ResourceExhausted);
+        assert!(e.message().contains("2 calls in flight"), "{e:?}");
+        drop((first, second));
+        // Three calls in the second so far (one refused by the in-flight limit after taking a
+        // token): the bucket is empty now.
+        let e = a.admit(pull, Some(&bearer), None).unwrap_err();
+        assert!(e.message().contains("3 calls per second"), "{e:?}");
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        a.admit(pull, Some(&bearer), None).unwrap();
+        // Limits are per caller: a health check is no call of the caller's.
+        a.admit("/grpc.health.v1.Health/Check", None, None).unwrap();
+    }
+
+    #[test]
     fn a_certificate_name_stands_in_for_a_token() {
         let (_d, a) = auth("[[token]]\nname = \"s\"\nrole = \"shard\"\ncert_name = \"shard.ps\"\n");
         let peer = Peer {
             addr: None,
             cert_names: vec!["other".to_owned(), "shard.ps".to_owned()].into(),
         };
-        let c = a
+        let (c, _) = a
             .admit("/ps.v1.Scheduler/RegisterShard", None, Some(&peer))
             .unwrap();
         assert_eq!(c.role(), Some(Role::Shard));

@@ -36,6 +36,29 @@ pub struct GrpcOptions {
     /// Credentials every call of ours must carry (health and reflection aside); none checked
     /// when `None`.
     pub auth: Option<Auth>,
+    pub limits: CallLimits,
+}
+
+/// What one call and one connection may take of a server, whoever the caller.
+#[derive(Debug, Clone, Copy)]
+pub struct CallLimits {
+    /// The longest any call runs: it is answered `deadline_exceeded` then (a client's own
+    /// shorter deadline, its `grpc-timeout`, is kept as well).
+    pub max_call: Duration,
+    /// Calls served at once per connection; more wait for a place (one connection's flood
+    /// queues behind itself). `None`: no limit.
+    pub per_connection: Option<usize>,
+}
+
+impl Default for CallLimits {
+    fn default() -> Self {
+        Self {
+            // Above the longest wait a call makes by design (a coordinated checkpoint waits up
+            // to 300 s for the workers).
+            max_call: Duration::from_secs(600),
+            per_connection: None,
+        }
+    }
 }
 
 impl Default for GrpcOptions {
@@ -47,6 +70,7 @@ impl Default for GrpcOptions {
             readiness: Readiness::default(),
             tls: None,
             auth: None,
+            limits: CallLimits::default(),
         }
     }
 }
@@ -140,6 +164,8 @@ where
         .initial_stream_window_size(STREAM_WINDOW)
         .initial_connection_window_size(CONNECTION_WINDOW)
         .max_frame_size(Some(1 << 20))
+        .timeout(opts.limits.max_call)
+        .concurrency_limit_per_connection(opts.limits.per_connection.unwrap_or(usize::MAX >> 3))
         .add_service(health)
         .add_service(reflection)
         .add_service(reflection_alpha)

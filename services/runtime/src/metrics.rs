@@ -52,6 +52,21 @@ pub fn install(service: &'static str) -> anyhow::Result<PrometheusHandle> {
         .set(1.0);
     process::describe();
     process::record();
+    metrics::describe_counter!(
+        "ps_tls_handshake_failures_total",
+        "Connections whose TLS handshake failed (plaintext on a TLS port, an untrusted or missing client certificate), by port."
+    );
+    metrics::describe_counter!(
+        "ps_auth_refusals_total",
+        "Calls refused for their caller: no or an unknown token (unauthenticated), outside its role or jobs (permission_denied), over its limits (resource_exhausted)."
+    );
+    for code in [
+        tonic::Code::Unauthenticated,
+        tonic::Code::PermissionDenied,
+        tonic::Code::ResourceExhausted,
+    ] {
+        auth_refused_by(code, 0);
+    }
     Ok(handle)
 }
 
@@ -103,15 +118,24 @@ pub(crate) fn tls_handshake_failed(port: &'static str) {
     metrics::counter!("ps_tls_handshake_failures_total", "port" => port).increment(1);
 }
 
+/// Registers the port's handshake failures at zero, so the family exists from start-up.
+pub(crate) fn tls_handshake_failed_zero(port: &'static str) {
+    metrics::counter!("ps_tls_handshake_failures_total", "port" => port).increment(0);
+}
+
 /// A call refused by the auth layer, by code (`unauthenticated`, `permission_denied`).
 pub fn auth_refused(code: tonic::Code) {
+    auth_refused_by(code, 1);
+}
+
+fn auth_refused_by(code: tonic::Code, n: u64) {
     let code = match code {
         tonic::Code::Unauthenticated => "unauthenticated",
         tonic::Code::PermissionDenied => "permission_denied",
         tonic::Code::ResourceExhausted => "resource_exhausted",
         _ => "other",
     };
-    metrics::counter!("ps_auth_refusals_total", "code" => code).increment(1);
+    metrics::counter!("ps_auth_refusals_total", "code" => code).increment(n);
 }
 
 /// Installs the recorder for `service` and, when a listener is given, serves `/metrics`,

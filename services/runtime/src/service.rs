@@ -34,6 +34,13 @@ pub struct ServiceArgs {
     /// Milliseconds between turning NOT_SERVING and closing the listener on shutdown [default: 0].
     #[arg(long, env = "PS_DRAIN_MS")]
     pub drain_ms: Option<u64>,
+    /// The longest any gRPC call may run, in milliseconds (a client's shorter deadline holds
+    /// too) [default: 600000].
+    #[arg(long, env = "PS_MAX_CALL_MS", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_call_ms: Option<u64>,
+    /// gRPC calls served at once per connection; more wait their turn [default: no limit].
+    #[arg(long, env = "PS_MAX_CALLS_PER_CONNECTION", value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_calls_per_connection: Option<u64>,
     /// Once ready, write the addresses served on (gRPC, metrics, bulk) to this file as JSON:
     /// how a launcher learns the ports a `:0` address got.
     #[arg(long, env = "PS_READY_FILE")]
@@ -175,6 +182,8 @@ pub struct ServiceConfig {
     pub ready_file: Option<PathBuf>,
     /// TLS, the tokens admitted, and the service's own credentials for the calls it makes.
     pub security: Security,
+    /// What one call and one connection may take.
+    pub limits: crate::grpc::CallLimits,
 }
 
 /// A service's security, resolved from [`ServerSecurity`]: everything off by default.
@@ -209,6 +218,7 @@ impl ServiceConfig {
             grace,
             ready_file: None,
             security: Security::default(),
+            limits: crate::grpc::CallLimits::default(),
         }
     }
 }
@@ -245,6 +255,15 @@ impl ServiceArgs {
             grace: file.grace_ms.map_or(defaults.grace, Duration::from_millis),
             ready_file: self.ready_file.clone(),
             security: self.security.resolve()?,
+            limits: crate::grpc::CallLimits {
+                max_call: self.max_call_ms.map_or(
+                    crate::grpc::CallLimits::default().max_call,
+                    Duration::from_millis,
+                ),
+                per_connection: self
+                    .max_calls_per_connection
+                    .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+            },
         })
     }
 }

@@ -192,6 +192,7 @@ pub fn accept_loop(
     what: &'static str,
 ) -> mpsc::Receiver<PeerConn> {
     let (tx, rx) = mpsc::channel(128);
+    crate::metrics::tls_handshake_failed_zero(what);
     tokio::spawn(async move {
         loop {
             let accepted = tokio::select! {

@@ -38,6 +38,10 @@ struct Args {
     /// Only check that the address accepts a TCP connection.
     #[arg(long)]
     tcp: bool,
+    /// TLS for the gRPC check (--tls-ca; --tls-cert and --tls-key where the service wants a
+    /// client certificate). Inside a service's container its PS_TLS_* variables serve.
+    #[command(flatten)]
+    security: ps_runtime::service::ClientSecurity,
 }
 
 /// The host:port of `addr` (a URL's scheme and path dropped).
@@ -79,11 +83,14 @@ async fn check(args: &Args) -> Result<ServingStatus, String> {
     } else {
         format!("http://{}", args.addr)
     };
-    let channel = tonic::transport::Endpoint::from_shared(url.clone())
-        .map_err(|e| format!("`{url}` is not an address: {e}"))?
-        .connect()
-        .await
-        .map_err(|e| format!("cannot connect to {url}: {e}"))?;
+    let tls = args
+        .security
+        .credentials()
+        .map_err(|e| format!("{e:#}"))?
+        .tls;
+    let endpoint = tonic::transport::Endpoint::from_shared(url.clone())
+        .map_err(|e| format!("`{url}` is not an address: {e}"))?;
+    let channel = ps_client::tls::channel(&endpoint, tls.as_ref());
     let answer = HealthClient::new(channel)
         .check(HealthCheckRequest {
             service: args.service.clone(),
