@@ -24,3 +24,12 @@ if listed != present:
     sys.exit(f"k8s: kustomization.yaml lists {sorted(listed)} but the folder holds {sorted(present)}")
 PY
 echo "k8s: $(echo $manifests | wc -w) manifests valid against Kubernetes $K8S_VERSION (strict)" >&2
+# The TLS overlay (deploy/k8s-tls), rendered by kubectl's kustomize, validated the same way.
+cd ../..
+if command -v kubectl >/dev/null 2>&1; then
+  kubectl kustomize deploy/k8s-tls >target/k8s-tls.yaml
+  "$venv/bin/kubernetes-validate" --strict --quiet -k "$K8S_VERSION" target/k8s-tls.yaml
+  echo "k8s: the TLS overlay renders and is valid against Kubernetes $K8S_VERSION (strict)" >&2
+else
+  echo "k8s: WARNING: no kubectl to render deploy/k8s-tls with; the overlay was not validated" >&2
+fi

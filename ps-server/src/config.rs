@@ -37,6 +37,14 @@ pub struct Args {
     /// the smaller of the machine's, the cgroup's limit and half the address-space limit].
     #[arg(long, env = "PS_MEMORY_BUDGET_BYTES")]
     pub memory_budget_bytes: Option<u64>,
+    /// Most tables one job (the tables named `<job>/...`) may have on this shard [default: no
+    /// limit].
+    #[arg(long, env = "PS_JOB_MAX_TABLES")]
+    pub job_max_tables: Option<u32>,
+    /// Most bytes of parameters and optimizer state one job's tables may take on this shard:
+    /// a table or a push of new sparse rows past it is refused [default: no limit].
+    #[arg(long, env = "PS_JOB_MAX_BYTES")]
+    pub job_max_bytes: Option<u64>,
     /// Before starting, verify this checkpoint directory and copy it into the (empty) data dir.
     #[arg(long, env = "PS_RESTORE_FROM")]
     pub restore_from: Option<PathBuf>,
@@ -89,6 +97,8 @@ pub struct FileConfig {
     pub num_shards: Option<u32>,
     pub max_request_bytes: Option<usize>,
     pub memory_budget_bytes: Option<u64>,
+    pub job_max_tables: Option<u32>,
+    pub job_max_bytes: Option<u64>,
     pub max_answer_bytes: Option<u64>,
     pub scheduler: Option<String>,
     pub advertise: Option<String>,
@@ -114,6 +124,8 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// Most bytes the tables' cells may take.
     pub memory_budget_bytes: u64,
+    /// What one job's tables may take on this shard.
+    pub job_quota: crate::engine::JobQuota,
     /// Most bytes of values one pull answers.
     pub max_answer_bytes: u64,
     pub group_commit_bytes: usize,
@@ -153,6 +165,7 @@ impl ServerConfig {
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
             max_request_bytes: 64 << 20,
             memory_budget_bytes: default_memory_budget(),
+            job_quota: crate::engine::JobQuota::default(),
             max_answer_bytes: 256 << 20,
             group_commit_bytes: 64 << 20,
             max_queued_bytes: 1 << 30,
@@ -193,6 +206,10 @@ impl ServerConfig {
                 .memory_budget_bytes
                 .or(file.memory_budget_bytes)
                 .unwrap_or(d.memory_budget_bytes),
+            job_quota: crate::engine::JobQuota {
+                max_tables: args.job_max_tables.or(file.job_max_tables),
+                max_bytes: args.job_max_bytes.or(file.job_max_bytes),
+            },
             max_answer_bytes: file.max_answer_bytes.unwrap_or(d.max_answer_bytes),
             group_commit_bytes: file.group_commit_bytes.unwrap_or(d.group_commit_bytes),
             max_queued_bytes: file.max_queued_bytes.unwrap_or(d.max_queued_bytes),

@@ -167,6 +167,7 @@ async fn serve<S: Store>(
         sync: cfg.rocksdb.sync,
         map_epoch,
         memory_budget: cfg.memory_budget_bytes,
+        job_quota: cfg.job_quota,
         max_answer_bytes: cfg.max_answer_bytes,
     };
     let engine = tokio::task::spawn_blocking(move || Engine::open(store, engine_cfg)).await??;

@@ -3,7 +3,10 @@
 //!
 //! - TLS and mutual TLS on the gRPC port, the bulk stream and the metrics port: a client
 //!   without a certificate, with one from another CA, trusting another CA, or in plaintext is
-//!   refused; a certificate rotated on disk is served without a restart.
+//!   refused; a client certificate's name stands in for a token (and one the tokens file does
+//!   not name is `unauthenticated`); a certificate rotated on disk is served without a
+//!   restart.
+//! - The local cluster (`psctl local --tls-dir --auth`) trains with both on everywhere.
 //! - Every method under each role (and none): allowed, `unauthenticated` or
 //!   `permission_denied`, against the table in SECURITY.md.
 //! - The spoofing cases: a push under another caller's client id with `seq = min_unacked_seq =
@@ -85,9 +88,23 @@ fn pem_der(path: &Path) -> Vec<u8> {
 async fn tls_and_mutual_tls_refuse_untrusted_peers_and_certificates_rotate_without_restart() {
     let dir = tempfile::tempdir().unwrap();
     let (certs, other) = (dir.path().join("certs"), dir.path().join("other"));
-    dev_certs(&certs, &["--client", "trainer"]);
+    dev_certs(
+        &certs,
+        &[
+            "--client", "trainer", "--client", "admin", "--client", "stranger",
+        ],
+    );
     dev_certs(&other, &["--client", "trainer"]);
     let p = |f: &str| certs.join(f).display().to_string();
+    // Certificates stand in for tokens: admin creates tables, trainer pushes and pulls.
+    let tokens = dir.path().join("tokens.toml");
+    std::fs::write(
+        &tokens,
+        "[[token]]\nname = \"admin\"\nrole = \"operator\"\njobs = [\"*\"]\ncert_name = \"admin\"\n\
+         [[token]]\nname = \"trainer\"\nrole = \"worker\"\njobs = [\"*\"]\ncert_name = \"trainer\"\n",
+    )
+    .unwrap();
+    let tokens_arg = tokens.display().to_string();
     let mut shard = spawn(
         "ps-server",
         "shard-0",
@@ -104,6 +121,8 @@ async fn tls_and_mutual_tls_refuse_untrusted_peers_and_certificates_rotate_witho
             &p("server.key"),
             "--tls-client-ca",
             &p("ca.pem"),
+            "--auth-tokens",
+            &tokens_arg,
         ],
         &dir.path().join("logs"),
         true,
@@ -115,14 +134,26 @@ async fn tls_and_mutual_tls_refuse_untrusted_peers_and_certificates_rotate_witho
         token: None,
     };
 
-    // A trusted client with its certificate: gRPC and the bulk stream, both over TLS.
-    let ps = PsClient::connect(config(&url, good.clone())).await.unwrap();
+    // A trusted client with its certificate: gRPC and the bulk stream, both over TLS, its
+    // certificate's name its identity (no token).
+    let admin = Credentials {
+        tls: Some(tls(&certs, Some("admin"))),
+        token: None,
+    };
     let spec = TableSpec::dense("t", &[100_000])
         .unwrap()
         .with_optimizer(Optimizer::sgd(1.0))
         .unwrap();
-    ps.create_table(spec).await.unwrap();
-    let bulk_calls = async || ps.stats().await.unwrap()[0].bulk_calls;
+    let ps = PsClient::connect(config(&url, good.clone())).await.unwrap();
+    let e = ps.create_table(spec.clone()).await.unwrap_err();
+    assert_eq!(
+        e.code(),
+        Some(Code::PermissionDenied),
+        "trainer is a worker: {e}"
+    );
+    let admin = PsClient::connect(config(&url, admin)).await.unwrap();
+    admin.create_table(spec).await.unwrap();
+    let bulk_calls = async || admin.stats().await.unwrap()[0].bulk_calls;
     let before = bulk_calls().await;
     // Values that do not compress, so that they travel as plain f32 (the bulk stream's).
     let g: Vec<f32> = (0..100_000).map(|i| (i as f32 * 0.37).sin()).collect();
@@ -185,6 +216,14 @@ async fn tls_and_mutual_tls_refuse_untrusted_peers_and_certificates_rotate_witho
         let e = PsClient::connect(config(&url, creds)).await.unwrap_err();
         eprintln!("{what}: {e}");
     }
+    // A certificate of the right CA whose name the tokens file does not hold: past the
+    // handshake, but no caller of ours.
+    let stranger = Credentials {
+        tls: Some(tls(&certs, Some("stranger"))),
+        token: None,
+    };
+    let e = PsClient::connect(config(&url, stranger)).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::Unauthenticated), "{e}");
     // Plaintext on the bulk port: the handshake fails and the stream closes, unanswered.
     let mut s = tokio::net::TcpStream::connect(ready.bulk.unwrap())
         .await
@@ -802,4 +841,117 @@ async fn roles_gate_every_method_and_identities_cannot_be_spoofed() {
     );
     sched.check().unwrap();
     shard.check().unwrap();
+}
+
+/// `psctl local --tls-dir --auth`: the scheduler, the shards and the workers with mutual TLS on
+/// every connection and a token per process train as they do in the open.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_cluster_trains_with_mutual_tls_and_tokens_everywhere() {
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        local: ps_cli::local::LocalArgs,
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    dev_certs(&certs, &[]);
+    let run = dir.path().join("run");
+    let args = <Cli as clap::Parser>::parse_from([
+        "local",
+        "--dataset",
+        "synthetic-dense:4000:16:4",
+        "--model",
+        "mlp:16",
+        "--epochs",
+        "2",
+        "--batch",
+        "64",
+        "--tls-dir",
+        certs.to_str().unwrap(),
+        "--auth",
+        "--quiet",
+        "--run-dir",
+        run.to_str().unwrap(),
+    ])
+    .local;
+    let o = ps_cli::local::run(&args).await.unwrap();
+    // Four classes: chance is 25%; in the open this data reaches about 89%.
+    assert!(o.result.eval.test_accuracy > 0.8, "{:?}", o.result.eval);
+    for service in ["scheduler", "shard-0", "shard-1"] {
+        let log = std::fs::read_to_string(run.join("logs").join(format!("{service}.log"))).unwrap();
+        assert!(
+            log.contains(r#"tls="mutual" auth=true"#),
+            "{service} did not serve with mutual TLS and tokens:\n{log}"
+        );
+    }
+    let tokens = std::fs::read_to_string(run.join("security/tokens.toml")).unwrap();
+    assert_eq!(tokens.matches("[[token]]").count(), 4, "{tokens}");
+    assert!(
+        !tokens.contains(
+            std::fs::read_to_string(run.join("security/workers.token"))
+                .unwrap()
+                .trim()
+        )
+    );
+}
+
+/// Per-job quotas on a shard: a job's tables past `job_max_tables`, or its tables and new
+/// sparse rows past `job_max_bytes`, are refused (`resource_exhausted`) and change nothing;
+/// other jobs keep their own room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_quota_bounds_its_tables_and_bytes_and_no_other_jobs() {
+    let cluster = ps_tests::TestCluster::start_with(1, |c| {
+        c.job_quota = ps_server::engine::JobQuota {
+            max_tables: Some(2),
+            max_bytes: Some(1 << 20),
+        };
+    })
+    .await;
+    let ps = cluster.client().await;
+    let dense = |name: &str, n: u64| {
+        TableSpec::dense(name, &[n])
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(0.1))
+            .unwrap()
+    };
+    ps.create_table(dense("a/t1", 1000)).await.unwrap();
+    ps.create_table(dense("a/t2", 1000)).await.unwrap();
+    let e = ps.create_table(dense("a/t3", 1000)).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::ResourceExhausted), "{e}");
+    assert!(e.to_string().contains("job `a`"), "{e}");
+    // Another job has its own room; a table past the byte quota is refused.
+    ps.create_table(dense("b/t1", 1000)).await.unwrap();
+    let e = ps.create_table(dense("b/big", 1 << 20)).await.unwrap_err();
+    assert_eq!(e.code(), Some(Code::ResourceExhausted), "{e}");
+    // New sparse rows count too: 10,000 rows of 64 floats are 2.5 MiB.
+    let sparse = TableSpec::sparse("c/emb", 64)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(0.1))
+        .unwrap();
+    ps.create_table(sparse).await.unwrap();
+    let ids: Vec<u64> = (0..10_000).collect();
+    let e = ps
+        .push_sparse("c/emb", &ids, &vec![0.1; 10_000 * 64])
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Some(Code::ResourceExhausted), "{e}");
+    ps.push_sparse("c/emb", &ids[..100], &vec![0.1; 100 * 64])
+        .await
+        .unwrap();
+    let names: Vec<String> = ps
+        .list_tables()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    assert_eq!(names, ["a/t1", "a/t2", "b/t1", "c/emb"]);
+    let rows: u64 = ps.stats().await.unwrap()[0]
+        .tables
+        .iter()
+        .filter(|t| t.name == "c/emb")
+        .map(|t| t.rows)
+        .sum();
+    assert_eq!(rows, 100, "the refused push added no rows");
+    cluster.stop().await;
 }

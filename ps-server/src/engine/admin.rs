@@ -114,6 +114,7 @@ impl<S: Store> Inner<S> {
             ValidationError::new("spec.kind", format!("`{}` has {why}", spec.name))
         })?;
         self.check_memory(|| format!("table `{}` on this shard", spec.name), needed)?;
+        self.check_job_quota(&spec.name, true, needed)?;
         let mut next = self.next_table_id.lock();
         let id = *next;
         let record = serde_json::to_vec(&StoredTable {

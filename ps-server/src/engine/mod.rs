@@ -87,6 +87,16 @@ pub struct EngineConfig {
     pub memory_budget: u64,
     /// Most bytes of values one pull answers.
     pub max_answer_bytes: u64,
+    /// What one job's tables may take on this shard.
+    pub job_quota: JobQuota,
+}
+
+/// What one job's tables (named `<job>/...`) may take on a shard; `None`: no limit. Tables
+/// without a job are not counted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct JobQuota {
+    pub max_tables: Option<u32>,
+    pub max_bytes: Option<u64>,
 }
 
 /// What a push did.
@@ -360,6 +370,44 @@ impl<S: Store> Inner<S> {
                 table: name.clone(),
             },
         }
+    }
+
+    /// Refuses a new table (`new_table`) or `needed` more bytes for `table`'s job when its quota
+    /// has no room.
+    fn check_job_quota(&self, table: &TableName, new_table: bool, needed: u64) -> Result<()> {
+        let quota = self.cfg.job_quota;
+        if quota == JobQuota::default() {
+            return Ok(());
+        }
+        let Some((job, _)) = table.as_str().split_once('/') else {
+            return Ok(());
+        };
+        let prefix = format!("{job}/");
+        let (count, bytes) = self
+            .tables
+            .read()
+            .values()
+            .filter(|t| t.spec.name.as_str().starts_with(&prefix))
+            .fold((0u64, 0u64), |(n, b), t| (n + 1, b + t.memory_bytes()));
+        let over = |limit_name, needed, limit| EngineError::OverLimit {
+            what: format!("job `{job}` on this shard (table `{table}`)"),
+            limit_name,
+            needed,
+            limit,
+            hint: "drop the job's tables, or raise --job-max-tables / --job-max-bytes",
+        };
+        if new_table
+            && let Some(max) = quota.max_tables
+            && count + 1 > u64::from(max)
+        {
+            return Err(over("job's table quota", count + 1, u64::from(max)));
+        }
+        if let Some(max) = quota.max_bytes
+            && bytes + needed > max
+        {
+            return Err(over("job's byte quota", bytes + needed, max));
+        }
+        Ok(())
     }
 
     /// Refuses `needed` more bytes of cells for `what` when the memory budget has no room.

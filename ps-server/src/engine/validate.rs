@@ -106,7 +106,11 @@ impl<S: Store> Engine<S> {
         let inner = &self.inner;
         let row = table.row_bytes();
         let all_new = ids.len() as u64 * row;
-        if inner.check_memory(String::new, all_new).is_ok() {
+        if inner.check_memory(String::new, all_new).is_ok()
+            && inner
+                .check_job_quota(&table.spec.name, false, all_new)
+                .is_ok()
+        {
             return Ok(());
         }
         let fresh: HashSet<u64> = ids
@@ -117,7 +121,8 @@ impl<S: Store> Engine<S> {
         inner.check_memory(
             || format!("{} new rows of table `{}`", fresh.len(), table.spec.name),
             fresh.len() as u64 * row,
-        )
+        )?;
+        inner.check_job_quota(&table.spec.name, false, fresh.len() as u64 * row)
     }
 
     /// Checks every slice against the table's chunks and this shard.
