@@ -52,6 +52,8 @@ pub struct BulkOptions {
 pub struct BulkSecurity {
     pub tls: Option<ServerTls>,
     pub auth: Option<Auth>,
+    /// Each connection's calls per second (the gRPC port's `--connection-calls-per-second`).
+    pub connection_rate: Option<f64>,
 }
 
 /// A connection, read through a buffer (which lets a call's first byte be awaited without
@@ -84,8 +86,13 @@ pub async fn serve<S: Store>(
         "bulk stream listening"
     );
     let stop_accepting = CancellationToken::new();
-    let mut accepted =
-        ps_runtime::tls::accept_loop(listener, security.tls, stop_accepting.clone(), "bulk");
+    let mut accepted = ps_runtime::tls::accept_loop(
+        listener,
+        security.tls,
+        security.connection_rate,
+        stop_accepting.clone(),
+        "bulk",
+    );
     loop {
         tokio::select! {
             () = shutdown.cancelled() => break,
@@ -221,6 +228,7 @@ impl Gate {
         authorization: &str,
         req: T,
     ) -> Result<(Request<T>, Option<Admission>), Status> {
+        ps_runtime::auth::admit_connection(path, Some(&self.peer))?;
         let mut request = Request::new(req);
         let Some(auth) = &self.auth else {
             return Ok((request, None));

@@ -208,6 +208,7 @@ async fn serve<S: Store>(
         let security = bulk::BulkSecurity {
             tls: cfg.service.security.tls.clone(),
             auth: cfg.service.security.auth.clone(),
+            connection_rate: cfg.service.limits.per_connection_rate,
         };
         tokio::spawn(bulk::serve(
             l,

@@ -955,3 +955,55 @@ async fn a_jobs_quota_bounds_its_tables_and_bytes_and_no_other_jobs() {
     assert_eq!(rows, 100, "the refused push added no rows");
     cluster.stop().await;
 }
+
+/// `--connection-calls-per-second`: a connection past its rate is refused at once
+/// (`resource_exhausted`, CALLER_LIMIT), without tokens; another connection has its own rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_over_its_rate_is_refused_and_others_are_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut shard = spawn(
+        "ps-server",
+        "shard-0",
+        &[
+            "--in-memory",
+            "--listen",
+            "127.0.0.1:0",
+            "--connection-calls-per-second",
+            "20",
+        ],
+        &dir.path().join("logs"),
+        true,
+    );
+    let url = shard.ready(Duration::from_secs(60)).await.unwrap().url();
+    let calls = async |ch: &Channel, n: usize| {
+        let (mut ok, mut limited) = (0, 0);
+        for _ in 0..n {
+            match call_as(ch, "ParameterServer", "ShardInfo", Vec::new(), None).await {
+                Ok(_) => ok += 1,
+                Err(e) => {
+                    assert_eq!(
+                        (e.code(), reason(&e).as_str()),
+                        (Code::ResourceExhausted, "CALLER_LIMIT"),
+                        "{e:?}"
+                    );
+                    limited += 1;
+                }
+            }
+        }
+        (ok, limited)
+    };
+    let first = channel(&url);
+    let (ok, limited) = calls(&first, 200).await;
+    // A second of burst (20) plus what refills while the calls run.
+    assert!(
+        (20..200).contains(&ok) && limited > 0,
+        "ok {ok}, limited {limited}"
+    );
+    let second = channel(&url);
+    assert_eq!(
+        calls(&second, 5).await,
+        (5, 0),
+        "a new connection has its own rate"
+    );
+    shard.check().unwrap();
+}

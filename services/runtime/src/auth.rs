@@ -139,9 +139,56 @@ pub struct Identity {
 pub struct Limiter {
     in_flight: Arc<tokio::sync::Semaphore>,
     max_in_flight: u32,
-    /// Calls per second, and the bucket: (tokens, when last filled).
-    rate: Option<f64>,
-    bucket: parking_lot::Mutex<(f64, std::time::Instant)>,
+    rate: Option<Bucket>,
+}
+
+/// A token bucket of calls per second, with one second of burst.
+#[derive(Debug)]
+pub struct Bucket {
+    rate: f64,
+    /// (tokens, when last filled).
+    state: parking_lot::Mutex<(f64, std::time::Instant)>,
+}
+
+impl Bucket {
+    pub fn new(rate: f64) -> Self {
+        Self {
+            rate,
+            state: parking_lot::Mutex::new((rate, std::time::Instant::now())),
+        }
+    }
+
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// Takes a token when there is one.
+    pub fn take(&self) -> bool {
+        let mut b = self.state.lock();
+        let now = std::time::Instant::now();
+        b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * self.rate).min(self.rate.max(1.0));
+        b.1 = now;
+        if b.0 < 1.0 {
+            return false;
+        }
+        b.0 -= 1.0;
+        true
+    }
+}
+
+/// Refuses a call to `path` (health and reflection aside) on a connection over its rate
+/// (`--connection-calls-per-second`), whoever the caller: `resource_exhausted`, CALLER_LIMIT.
+pub fn admit_connection(path: &str, peer: Option<&Peer>) -> Result<(), Status> {
+    match peer.and_then(|p| p.rate.as_ref().map(|r| (p, r))) {
+        Some((p, rate)) if allowed(path).is_some() && !rate.take() => Err(over(
+            &format!(
+                "the connection from {}",
+                p.addr.map_or("?".to_owned(), |a| a.to_string())
+            ),
+            format!("{} calls per second", rate.rate()),
+        )),
+        _ => Ok(()),
+    }
 }
 
 /// A call's place in its caller's limit, held until it is answered.
@@ -156,22 +203,16 @@ impl Limiter {
         Self {
             in_flight: Arc::new(tokio::sync::Semaphore::new(max as usize)),
             max_in_flight: max,
-            rate,
-            bucket: parking_lot::Mutex::new((rate.unwrap_or(0.0), std::time::Instant::now())),
+            rate: rate.map(Bucket::new),
         }
     }
 
     /// A place for one more call, or `resource_exhausted` (CALLER_LIMIT) naming the limit.
     fn admit(&self, who: &str) -> Result<Admission, Status> {
-        if let Some(rate) = self.rate {
-            let mut b = self.bucket.lock();
-            let now = std::time::Instant::now();
-            b.0 = (b.0 + now.duration_since(b.1).as_secs_f64() * rate).min(rate.max(1.0));
-            b.1 = now;
-            if b.0 < 1.0 {
-                return Err(over(who, format!("{rate} calls per second")));
-            }
-            b.0 -= 1.0;
+        if let Some(rate) = &self.rate
+            && !rate.take()
+        {
+            return Err(over(who, format!("{} calls per second", rate.rate())));
         }
         match self.in_flight.clone().try_acquire_owned() {
             Ok(p) => Ok(Admission { _permit: Some(p) }),
@@ -485,8 +526,9 @@ impl Auth {
     }
 }
 
-/// The tower layer that runs [`Auth::admit`] on every gRPC call and leaves the [`Caller`] in
-/// the request's extensions; a refusal is answered without reaching the service.
+/// The tower layer that runs [`admit_connection`] and [`Auth::admit`] on every gRPC call and
+/// leaves the [`Caller`] in the request's extensions; a refusal is answered without reaching
+/// the service.
 #[derive(Debug, Clone)]
 pub struct AuthLayer(pub Option<Auth>);
 
@@ -521,6 +563,9 @@ where
     }
 
     fn call(&mut self, mut req: http::Request<Body>) -> Self::Future {
+        if let Err(status) = admit_connection(req.uri().path(), req.extensions().get::<Peer>()) {
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
         if let Some(auth) = &self.auth {
             let authorization = req
                 .headers()
@@ -630,6 +675,7 @@ mod tests {
         let peer = Peer {
             addr: None,
             cert_names: vec!["other".to_owned(), "shard.ps".to_owned()].into(),
+            rate: None,
         };
         let (c, _) = a
             .admit("/ps.v1.Scheduler/RegisterShard", None, Some(&peer))

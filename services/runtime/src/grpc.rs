@@ -48,6 +48,9 @@ pub struct CallLimits {
     /// Calls served at once per connection; more wait for a place (one connection's flood
     /// queues behind itself). `None`: no limit.
     pub per_connection: Option<usize>,
+    /// Calls per second per connection (a token bucket with a second of burst); more are
+    /// answered `resource_exhausted` (CALLER_LIMIT) at once. `None`: no limit.
+    pub per_connection_rate: Option<f64>,
 }
 
 impl Default for CallLimits {
@@ -57,6 +60,7 @@ impl Default for CallLimits {
             // to 300 s for the workers).
             max_call: Duration::from_secs(600),
             per_connection: None,
+            per_connection_rate: None,
         }
     }
 }
@@ -123,6 +127,7 @@ where
     let incoming = tokio_stream::wrappers::ReceiverStream::new(crate::tls::accept_loop(
         listener,
         opts.tls.clone(),
+        opts.limits.per_connection_rate,
         stop.clone(),
         "grpc",
     ))

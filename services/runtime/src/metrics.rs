@@ -106,7 +106,7 @@ pub async fn serve(
             }),
         );
     let local = listener.local_addr()?;
-    let rx = crate::tls::accept_loop(listener, tls, shutdown.clone(), "metrics");
+    let rx = crate::tls::accept_loop(listener, tls, None, shutdown.clone(), "metrics");
     axum::serve(Accepted { rx, local }, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await

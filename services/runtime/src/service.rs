@@ -41,6 +41,11 @@ pub struct ServiceArgs {
     /// gRPC calls served at once per connection; more wait their turn [default: no limit].
     #[arg(long, env = "PS_MAX_CALLS_PER_CONNECTION", value_parser = clap::value_parser!(u64).range(1..))]
     pub max_calls_per_connection: Option<u64>,
+    /// Calls per second one connection may make (gRPC and the bulk stream); more are refused
+    /// at once with `resource_exhausted` (CALLER_LIMIT), which the SDK retries after a pause
+    /// [default: no limit].
+    #[arg(long, env = "PS_CONNECTION_CALLS_PER_SECOND")]
+    pub connection_calls_per_second: Option<f64>,
     /// Once ready, write the addresses served on (gRPC, metrics, bulk) to this file as JSON:
     /// how a launcher learns the ports a `:0` address got.
     #[arg(long, env = "PS_READY_FILE")]
@@ -263,6 +268,12 @@ impl ServiceArgs {
                 per_connection: self
                     .max_calls_per_connection
                     .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
+                per_connection_rate: match self.connection_calls_per_second {
+                    Some(r) if !(r.is_finite() && r > 0.0) => {
+                        anyhow::bail!("--connection-calls-per-second {r}: give a number above 0")
+                    }
+                    r => r,
+                },
             },
         })
     }

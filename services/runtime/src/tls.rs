@@ -79,6 +79,7 @@ impl ServerTls {
             peer: Peer {
                 addr,
                 cert_names: cert_names.into(),
+                rate: None,
             },
         })
     }
@@ -125,6 +126,8 @@ pub struct Peer {
     /// After mutual TLS: the DNS names of the client's certificate (verified against the client
     /// CA). Empty otherwise.
     pub cert_names: Arc<[String]>,
+    /// The connection's own rate limit, shared by its calls (`--connection-calls-per-second`).
+    pub rate: Option<Arc<crate::auth::Bucket>>,
 }
 
 /// An accepted connection (TLS or plain) and its [`Peer`].
@@ -184,13 +187,16 @@ impl AsyncWrite for PeerConn {
 
 /// Accepts on `listener` until `stop` is cancelled (the listener then closes) or the receiver
 /// is dropped: each connection, after its handshake when `tls` is given (in a task of its
-/// own; a failed one is logged and dropped), comes out of the returned channel.
+/// own; a failed one is logged and dropped), comes out of the returned channel, with its own
+/// bucket of `rate` calls per second when given.
 pub fn accept_loop(
     listener: TcpListener,
     tls: Option<ServerTls>,
+    rate: Option<f64>,
     stop: CancellationToken,
     what: &'static str,
 ) -> mpsc::Receiver<PeerConn> {
+    let bucket = move || rate.map(|r| Arc::new(crate::auth::Bucket::new(r)));
     let (tx, rx) = mpsc::channel(128);
     crate::metrics::tls_handshake_failed_zero(what);
     tokio::spawn(async move {
@@ -217,6 +223,7 @@ pub fn accept_loop(
                         peer: Peer {
                             addr: Some(addr),
                             cert_names: Arc::new([]),
+                            rate: bucket(),
                         },
                     };
                     if tx.send(conn).await.is_err() {
@@ -227,7 +234,8 @@ pub fn accept_loop(
                     let (tls, tx) = (tls.clone(), tx.clone());
                     tokio::spawn(async move {
                         match tls.accept(tcp).await {
-                            Ok(conn) => {
+                            Ok(mut conn) => {
+                                conn.peer.rate = bucket();
                                 let _ = tx.send(conn).await;
                             }
                             Err(e) => {
