@@ -13,6 +13,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use ps_client::scheduler::SchedulerClient;
 use ps_core::JobSpec;
 use ps_launch::{Service, binary};
+use ps_runtime::auth::Role;
 
 use ps_worker::data::DatasetSpec;
 use ps_worker::run::{EvalRecord, FinalRecord};
@@ -132,11 +133,11 @@ pub struct LocalSecurity {
 }
 
 /// The token holders of a local cluster: name, role, file.
-const LOCAL_TOKENS: [(&str, &str); 4] = [
-    ("scheduler", "operator"),
-    ("psctl", "operator"),
-    ("shards", "shard"),
-    ("workers", "worker"),
+const LOCAL_TOKENS: [(&str, Role); 4] = [
+    ("scheduler", Role::Operator),
+    ("psctl", Role::Operator),
+    ("shards", Role::Shard),
+    ("workers", Role::Worker),
 ];
 
 impl LocalSecurity {
@@ -156,9 +157,11 @@ impl LocalSecurity {
             for (name, role) in LOCAL_TOKENS {
                 let token = ps_runtime::auth::new_token()?;
                 std::fs::write(dir.join(format!("{name}.token")), format!("{token}\n"))?;
-                entries.push_str(&format!(
-                    "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\njobs = [\"*\"]\nsha256 = \"{}\"\n\n",
-                    ps_runtime::auth::hex(&ps_runtime::auth::token_hash(&token))
+                entries.push_str(&ps_runtime::auth::token_entry(
+                    name,
+                    role,
+                    &["*".to_owned()],
+                    &token,
                 ));
             }
             std::fs::write(dir.join("tokens.toml"), entries)?;

@@ -406,14 +406,11 @@ async fn local(args: &ps_cli::local::LocalArgs, json: bool) -> Result<(), Failur
 fn token(name: &str, role: &str, jobs: &[String], out: &std::path::Path) -> Result<(), Failure> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
-    if !ps_runtime::auth::Role::ALL
-        .iter()
-        .any(|r| r.as_str() == role)
-    {
+    let Some(role) = ps_runtime::auth::Role::parse(role) else {
         return Err(Failure::Usage(format!(
             "--role {role}: one of worker, operator, shard, reader"
         )));
-    }
+    };
     let secret = ps_runtime::auth::new_token().map_err(|e| Failure::Other(e.to_string()))?;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
@@ -422,18 +419,9 @@ fn token(name: &str, role: &str, jobs: &[String], out: &std::path::Path) -> Resu
         .open(out)
         .map_err(|e| Failure::Usage(format!("--out {}: {e}", out.display())))?;
     writeln!(f, "{secret}").map_err(|e| Failure::Other(format!("{}: {e}", out.display())))?;
-    let jobs = jobs
-        .iter()
-        .map(|j| format!("{j:?}"))
-        .collect::<Vec<_>>()
-        .join(", ");
-    ps_cli::outln!("[[token]]");
-    ps_cli::outln!("name = {name:?}");
-    ps_cli::outln!("role = {role:?}");
-    ps_cli::outln!("jobs = [{jobs}]");
     ps_cli::outln!(
-        "sha256 = \"{}\"",
-        ps_runtime::auth::hex(&ps_runtime::auth::token_hash(&secret))
+        "{}",
+        ps_runtime::auth::token_entry(name, role, jobs, &secret).trim_end()
     );
     Ok(())
 }

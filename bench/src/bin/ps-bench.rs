@@ -354,22 +354,19 @@ async fn sparse_case(
 fn flood_tokens(
     flooder_in_flight: Option<u32>,
 ) -> anyhow::Result<(tempfile::TempDir, ps_runtime::auth::Auth, [String; 3])> {
-    use ps_runtime::auth::{hex, new_token, token_hash};
+    use ps_runtime::auth::{Role, new_token, token_entry};
     let dir = tempfile::tempdir()?;
     let tokens = [new_token()?, new_token()?, new_token()?];
     let mut text = String::new();
     for ((name, role), t) in [
-        ("op", "operator"),
-        ("victim", "worker"),
-        ("flooder", "worker"),
+        ("op", Role::Operator),
+        ("victim", Role::Worker),
+        ("flooder", Role::Worker),
     ]
     .iter()
     .zip(&tokens)
     {
-        text.push_str(&format!(
-            "[[token]]\nname = \"{name}\"\nrole = \"{role}\"\njobs = [\"*\"]\nsha256 = \"{}\"\n",
-            hex(&token_hash(t))
-        ));
+        text.push_str(&token_entry(name, *role, &["*".to_owned()], t));
         if *name == "flooder"
             && let Some(n) = flooder_in_flight
         {

@@ -58,6 +58,11 @@ pub enum Role {
 impl Role {
     pub const ALL: [Role; 4] = [Role::Worker, Role::Operator, Role::Shard, Role::Reader];
 
+    /// The role named `name` (`worker`, `operator`, `shard`, `reader`).
+    pub fn parse(name: &str) -> Option<Role> {
+        Role::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Role::Worker => "worker",
@@ -367,6 +372,20 @@ pub fn new_token() -> std::io::Result<String> {
     Ok(hex(&b))
 }
 
+/// The tokens-file entry of `token`, held by `name` in `role` for `jobs` (`*`: every job): its
+/// SHA-256, never the token.
+pub fn token_entry(name: &str, role: Role, jobs: &[String], token: &str) -> String {
+    let jobs = jobs
+        .iter()
+        .map(|j| format!("{j:?}"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    format!(
+        "[[token]]\nname = {name:?}\nrole = \"{role}\"\njobs = [{jobs}]\nsha256 = \"{}\"\n",
+        hex(&token_hash(token))
+    )
+}
+
 /// Lower-case hex.
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -607,10 +626,8 @@ mod tests {
     #[test]
     fn tokens_admit_by_role_and_refuse_strangers() {
         let t = "a-worker-token-0123456789";
-        let (_d, a) = auth(&format!(
-            "[[token]]\nname = \"w\"\nrole = \"worker\"\njobs = [\"j\"]\nsha256 = \"{}\"\n",
-            hex(&token_hash(t))
-        ));
+        // The entry as psctl token prints it.
+        let (_d, a) = auth(&token_entry("w", Role::Worker, &["j".to_owned()], t));
         let push = "/ps.v1.ParameterServer/PushDense";
         let (c, _) = a.admit(push, Some(&format!("Bearer {t}")), None).unwrap();
         assert_eq!(c.name(), "w");
@@ -647,9 +664,8 @@ mod tests {
     fn a_caller_over_its_limits_is_refused_at_once_and_admitted_again_when_under() {
         let t = "a-flooding-token-0123456789";
         let (_d, a) = auth(&format!(
-            "[[token]]\nname = \"f\"\nrole = \"worker\"\njobs = [\"*\"]\nsha256 = \"{}\"\n\
-             max_in_flight = 2\nmax_calls_per_second = 3\n",
-            hex(&token_hash(t))
+            "{}max_in_flight = 2\nmax_calls_per_second = 3\n",
+            token_entry("f", Role::Worker, &["*".to_owned()], t)
         ));
         let bearer = format!("Bearer {t}");
         let pull = "/ps.v1.ParameterServer/PullDense";
