@@ -52,6 +52,18 @@ enum Cmd {
         #[arg(long)]
         checkpoint: Option<String>,
     },
+    /// Writes one of a job's checkpoints (the latest by default) into DIR for serving: dense
+    /// tables as safetensors, sparse tables as sorted key/row files per shard, and a manifest
+    /// with every file's CRC-32 (docs/EXPORT.md). With --since, an incremental export: the
+    /// sparse rows changed since that earlier checkpoint and the keys gone.
+    Export {
+        job: String,
+        dir: PathBuf,
+        #[arg(long)]
+        checkpoint: Option<String>,
+        #[arg(long)]
+        since: Option<String>,
+    },
     /// Shows the shard map.
     Shards,
     /// Reads a dense table through the shards the scheduler maps and prints its length, min,
@@ -98,6 +110,7 @@ impl Cmd {
             Self::Checkpoint { .. } => "checkpoint",
             Self::Checkpoints { .. } => "checkpoints",
             Self::Resume { .. } => "resume",
+            Self::Export { .. } => "export",
             Self::Shards => "shards",
             Self::Pull { .. } => "pull",
             Self::Local(_) => "local",
@@ -310,6 +323,31 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 },
                 st.min_clock
             );
+        }
+        Cmd::Export {
+            job,
+            dir,
+            checkpoint,
+            since,
+        } => {
+            let ps = s.ps_client(ClientConfig::new(Vec::<String>::new())).await?;
+            let args = ps_cli::export::ExportArgs {
+                job,
+                dir,
+                checkpoint: checkpoint.as_deref(),
+                since: since.as_deref(),
+            };
+            let m = ps_cli::export::run(&s, &ps, &args).await.map_err(|e| {
+                match e.downcast::<ClientError>() {
+                    Ok(c) => Failure::Client(c),
+                    Err(e) => Failure::Other(format!("export: {e:#}")),
+                }
+            })?;
+            if cli.json {
+                print_json(&serde_json::to_value(&m).unwrap_or_default());
+            } else {
+                ps_cli::outln!("{}", ps_cli::export::describe(&m, dir));
+            }
         }
         Cmd::Shards => {
             let m = s.shard_map().await?;

@@ -69,9 +69,14 @@ fn list_files(dir: &Path) -> std::io::Result<Vec<PathBuf>> {
     Ok(out)
 }
 
+/// The database inside checkpoint directory `dir`.
+pub fn db_of(dir: &Path) -> PathBuf {
+    dir.join("db")
+}
+
 /// Checksums the checkpoint under `dir/db` and writes `dir/MANIFEST.json` atomically.
 pub fn write_manifest(dir: &Path, mut manifest: Manifest) -> std::io::Result<Manifest> {
-    let db = dir.join("db");
+    let db = db_of(dir);
     manifest.files = list_files(&db)?
         .into_iter()
         .map(|p| {
@@ -101,7 +106,7 @@ pub fn verify(dir: &Path) -> anyhow::Result<Manifest> {
     let manifest: Manifest = serde_json::from_slice(&text)
         .map_err(|e| anyhow::anyhow!("{} is not a valid manifest: {e}", path.display()))?;
     for f in &manifest.files {
-        let p = dir.join("db").join(&f.name);
+        let p = db_of(dir).join(&f.name);
         let (bytes, crc) = crc_of(&p).map_err(|e| anyhow::anyhow!("{}: {e}", p.display()))?;
         if bytes != f.bytes || crc != f.crc32 {
             anyhow::bail!(
@@ -143,7 +148,7 @@ fn copy_verified(
         if let Some(parent) = to.parent() {
             fs::create_dir_all(parent)?;
         }
-        fs::copy(checkpoint.join("db").join(&f.name), &to)?;
+        fs::copy(db_of(checkpoint).join(&f.name), &to)?;
     }
     Ok(manifest)
 }

@@ -37,6 +37,11 @@ pub struct Args {
     /// the smaller of the machine's, the cgroup's limit and half the address-space limit].
     #[arg(long, env = "PS_MEMORY_BUDGET_BYTES")]
     pub memory_budget_bytes: Option<u64>,
+    /// Most MiB of sparse rows a durable shard keeps in memory: the store holds every row, this
+    /// cache the hot ones (CLOCK eviction). Part of the memory budget [default: a quarter of
+    /// the memory budget].
+    #[arg(long, env = "PS_CACHE_MIB")]
+    pub cache_mib: Option<u64>,
     /// Most tables one job (the tables named `<job>/...`) may have on this shard [default: no
     /// limit].
     #[arg(long, env = "PS_JOB_MAX_TABLES")]
@@ -97,6 +102,7 @@ pub struct FileConfig {
     pub num_shards: Option<u32>,
     pub max_request_bytes: Option<usize>,
     pub memory_budget_bytes: Option<u64>,
+    pub cache_mib: Option<u64>,
     pub job_max_tables: Option<u32>,
     pub job_max_bytes: Option<u64>,
     pub max_answer_bytes: Option<u64>,
@@ -124,6 +130,8 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// Most bytes the tables' cells may take.
     pub memory_budget_bytes: u64,
+    /// Most bytes of sparse rows a durable shard keeps in memory, out of the memory budget.
+    pub cache_bytes: u64,
     /// What one job's tables may take on this shard.
     pub job_quota: crate::engine::JobQuota,
     /// Most bytes of values one pull answers.
@@ -165,6 +173,7 @@ impl ServerConfig {
             virtual_nodes: DEFAULT_VIRTUAL_NODES,
             max_request_bytes: 64 << 20,
             memory_budget_bytes: default_memory_budget(),
+            cache_bytes: default_memory_budget() / 4,
             job_quota: crate::engine::JobQuota::default(),
             max_answer_bytes: 256 << 20,
             group_commit_bytes: 64 << 20,
@@ -206,6 +215,7 @@ impl ServerConfig {
                 .memory_budget_bytes
                 .or(file.memory_budget_bytes)
                 .unwrap_or(d.memory_budget_bytes),
+            cache_bytes: 0,
             job_quota: crate::engine::JobQuota {
                 max_tables: args.job_max_tables.or(file.job_max_tables),
                 max_bytes: args.job_max_bytes.or(file.job_max_bytes),
@@ -227,6 +237,11 @@ impl ServerConfig {
                 .bulk_idle_timeout_s
                 .map_or(d.bulk_idle_timeout, Duration::from_secs),
         };
+        cfg.cache_bytes = match args.cache_mib.or(file.cache_mib) {
+            Some(0) => anyhow::bail!("--cache-mib must be at least 1"),
+            Some(mib) => mib.saturating_mul(1 << 20),
+            None => cfg.memory_budget_bytes / 4,
+        };
         if file.bulk_budget_bytes.is_none() {
             // Room for a few calls of the largest size.
             cfg.bulk_budget_bytes = cfg.bulk_budget_bytes.max(cfg.max_request_bytes * 4);
@@ -244,6 +259,13 @@ impl ServerConfig {
                 "--shard-index {} is out of range for --num-shards {} (indexes start at 0)",
                 self.shard_index,
                 self.num_shards
+            );
+        }
+        if self.cache_bytes > self.memory_budget_bytes / 4 * 3 {
+            anyhow::bail!(
+                "--cache-mib {} is more than 3/4 of the memory budget ({} MiB)",
+                self.cache_bytes >> 20,
+                (self.memory_budget_bytes / 4 * 3) >> 20
             );
         }
         if self.max_request_bytes < 1024 {

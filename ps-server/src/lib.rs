@@ -167,6 +167,7 @@ async fn serve<S: Store>(
         sync: cfg.rocksdb.sync,
         map_epoch,
         memory_budget: cfg.memory_budget_bytes,
+        cache_bytes: cfg.cache_bytes,
         job_quota: cfg.job_quota,
         max_answer_bytes: cfg.max_answer_bytes,
     };
@@ -176,6 +177,7 @@ async fn serve<S: Store>(
         shards = cfg.num_shards,
         durable = engine.durable(),
         sync = cfg.rocksdb.sync,
+        cache_mib = engine.cache_budget() >> 20,
         "shard ready"
     );
     let shard = Arc::new(Shard::new(engine, restore));

@@ -14,7 +14,7 @@ use tracing::instrument;
 
 use ps_runtime::auth::Caller;
 
-use crate::engine::{Engine, EngineError, PushOutcome, Shard};
+use crate::engine::{Engine, EngineError, ExportRequest, PushOutcome, Shard};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -86,6 +86,9 @@ fn check_cluster_wide(method: &'static str, caller: &Caller) -> Result<(), Statu
         .inspect_err(|s| m::request_error(method, s.code()))
 }
 
+/// Most tables one export may name.
+const MAX_EXPORT_TABLES: usize = 4096;
+
 fn push_response(o: PushOutcome) -> Response<pb::PushResponse> {
     Response::new(pb::PushResponse {
         duplicate: o.duplicate,
@@ -96,6 +99,9 @@ fn push_response(o: PushOutcome) -> Response<pb::PushResponse> {
 
 #[tonic::async_trait]
 impl<S: Store> ParameterServer for PsService<S> {
+    type ExportCheckpointStream =
+        tokio_stream::wrappers::ReceiverStream<Result<pb::ExportPart, Status>>;
+
     async fn shard_info(
         &self,
         _: Request<pb::ShardInfoRequest>,
@@ -111,6 +117,7 @@ impl<S: Store> ParameterServer for PsService<S> {
             max_request_bytes: self.max_request_bytes as u64,
             durable: engine.durable(),
             bulk_port: u32::from(self.bulk_port),
+            cache_budget_bytes: engine.cache_budget(),
         }))
     }
 
@@ -303,6 +310,57 @@ impl<S: Store> ParameterServer for PsService<S> {
             bytes: done.bytes,
             sequence: done.sequence,
         }))
+    }
+
+    #[instrument(skip_all, fields(name))]
+    async fn export_checkpoint(
+        &self,
+        req: Request<pb::ExportCheckpointRequest>,
+    ) -> Result<Response<Self::ExportCheckpointStream>, Status> {
+        const M: &str = "ExportCheckpoint";
+        let caller = Caller::of(&req);
+        let r = req.into_inner();
+        tracing::Span::current().record("name", r.checkpoint.as_str());
+        let invalid = |message: String| {
+            refuse(
+                M,
+                EngineError::Invalid(ps_core::ValidationError::new("tables", message)),
+            )
+        };
+        if r.tables.is_empty() || r.tables.len() > MAX_EXPORT_TABLES {
+            return Err(invalid(format!(
+                "{} tables named; name 1 to {MAX_EXPORT_TABLES}",
+                r.tables.len()
+            )));
+        }
+        let mut tables = Vec::with_capacity(r.tables.len());
+        for t in &r.tables {
+            let name = TableName::try_from(t.as_str()).map_err(|e| refuse(M, e))?;
+            check_table(M, &caller, name.as_str())?;
+            if tables.contains(&name) {
+                return Err(invalid(format!("table `{name}` is named twice")));
+            }
+            tables.push(name);
+        }
+        let req = ExportRequest {
+            checkpoint: r.checkpoint,
+            since: (!r.since.is_empty()).then_some(r.since),
+            tables,
+        };
+        let engine = self.engine();
+        // A few parts in flight: the export reads as fast as the client takes them.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        tokio::task::spawn_blocking(move || {
+            let done = engine.export(&req, &mut |part| {
+                tx.blocking_send(Ok(pb::ExportPart::from(part))).is_ok()
+            });
+            if let Err(e) = done {
+                let _ = tx.blocking_send(Err(refuse(M, e)));
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
+            rx,
+        )))
     }
 
     async fn get_stats(

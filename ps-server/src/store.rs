@@ -7,8 +7,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rocksdb::{
-    ColumnFamilyDescriptor, DB, DBCompressionType, MemtableFactory, Options, WriteOptions,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DB, DBCompressionType, MemtableFactory,
+    Options, SliceTransform, WriteOptions,
 };
+
+/// Length of a cell's key in the parameter and optimizer column families (table id, index).
+pub const CELL_KEY_LEN: usize = 12;
 
 /// The column families: parameters, optimizer state, and metadata (table specs, applied push
 /// ids, the shard's identity).
@@ -49,6 +53,9 @@ pub enum StoreError {
 /// Called for each key and value of a scan; an error stops the scan.
 pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
 
+/// Called with the position and value of each key a [`Store::multi_get`] found.
+pub type Found<'a> = dyn FnMut(usize, &[u8]) -> Result<(), StoreError> + 'a;
+
 /// An atomic group of writes.
 pub trait StoreBatch: Send {
     fn put(&mut self, cf: Cf, key: &[u8], value: &[u8]);
@@ -67,6 +74,9 @@ pub trait Store: Send + Sync + 'static {
     /// Writes the batch atomically; durable against a process crash when it returns (and
     /// against a machine crash with the sync option).
     fn write(&self, batch: Self::Batch) -> Result<(), StoreError>;
+    /// Reads `keys` (a column family and a key each) from one consistent view of the store,
+    /// calling `found(i, value)` for each `keys[i]` that is there, in order.
+    fn multi_get(&self, keys: &[(Cf, &[u8])], found: &mut Found<'_>) -> Result<(), StoreError>;
     /// Calls `visit` for every key starting with `prefix`, in key order.
     fn scan(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<(), StoreError>;
     /// Writes a consistent snapshot to `dir` (which must not exist); returns its sequence number.
@@ -104,18 +114,21 @@ pub struct RocksOptions {
     /// a quarter of it, a snapshot into RocksDB) frees it when it fills. 0 writes every dense
     /// update into RocksDB instead.
     pub dense_log_mib: u64,
+    /// RocksDB's block cache, for the sparse rows read past the shard's own row cache.
+    pub block_cache_mib: usize,
 }
 
 impl Default for RocksOptions {
     fn default() -> Self {
         Self {
             sync: false,
-            write_buffer_mib: 32,
-            max_write_buffers: 4,
-            max_total_wal_mib: 1024,
+            write_buffer_mib: 16,
+            max_write_buffers: 2,
+            max_total_wal_mib: 256,
             background_jobs: 2,
             recycle_wal_files: 4,
             dense_log_mib: 512,
+            block_cache_mib: 64,
         }
     }
 }
@@ -140,31 +153,67 @@ impl std::fmt::Debug for RocksStore {
 impl RocksStore {
     /// Opens (or creates) the database under `path`, replaying its WAL.
     pub fn open(path: &Path, opts: &RocksOptions) -> Result<Self, StoreError> {
+        Self::open_mode(path, opts, false)
+    }
+
+    /// Opens the database under `path` to read only (a checkpoint, for export): nothing in
+    /// the directory is written, so its files keep matching their manifest.
+    pub fn open_read_only(path: &Path, opts: &RocksOptions) -> Result<Self, StoreError> {
+        Self::open_mode(path, opts, true)
+    }
+
+    fn open_mode(path: &Path, opts: &RocksOptions, read_only: bool) -> Result<Self, StoreError> {
         let err = |source| StoreError::Rocks {
             path: path.display().to_string(),
             source,
         };
         let mut db_opts = Options::default();
-        db_opts.create_if_missing(true);
-        db_opts.create_missing_column_families(true);
+        db_opts.create_if_missing(!read_only);
+        db_opts.create_missing_column_families(!read_only);
         db_opts.set_max_total_wal_size(opts.max_total_wal_mib << 20);
         db_opts.set_max_background_jobs(opts.background_jobs);
         db_opts.set_enable_pipelined_write(true);
+        // One writer thread writes; the metadata's vector memtable takes no concurrent inserts.
+        db_opts.set_allow_concurrent_memtable_write(false);
         db_opts.set_recycle_log_file_num(opts.recycle_wal_files);
-        let cf_opts = |_: Cf| {
+        // Sparse rows missing from the shard's cache are read here by key: a block cache for
+        // the blocks they are in, a Bloom filter per file so that an id never pushed (every
+        // new row) costs no block read.
+        let block_cache = Cache::new_lru_cache(opts.block_cache_mib << 20);
+        let cf_opts = |cf: Cf| {
             let mut o = Options::default();
             // Float mantissas do not compress; spend no CPU trying.
             o.set_compression_type(DBCompressionType::None);
             o.set_write_buffer_size(opts.write_buffer_mib << 20);
             o.set_max_write_buffer_number(opts.max_write_buffers);
-            // The shard reads RocksDB only at start-up (the hot layer serves every read), so
-            // the memtable is an append-only vector, sorted when flushed, instead of a skip
-            // list whose random-key inserts dominated sparse pushes.
-            o.set_memtable_factory(MemtableFactory::Vector);
+            let mut table = BlockBasedOptions::default();
+            table.set_block_cache(&block_cache);
+            table.set_bloom_filter(10.0, false);
+            table.set_cache_index_and_filter_blocks(true);
+            table.set_pin_l0_filter_and_index_blocks_in_cache(true);
+            o.set_block_based_table_factory(&table);
+            if cf == Cf::Meta {
+                // Metadata is read only at start-up, by scans: an append-only vector, sorted
+                // when flushed, takes its writes (push ids) cheapest.
+                o.set_memtable_factory(MemtableFactory::Vector);
+            } else {
+                // Cells are written at random keys and read by key: a hash table of keys
+                // (the prefix is the whole 12-byte key), O(1) for both, where a skip list's
+                // random inserts cost a sparse push most of its time. Scans ask for total
+                // order and pay for a sort; they run at start-up and export only.
+                o.set_prefix_extractor(SliceTransform::create_fixed_prefix(CELL_KEY_LEN));
+                o.set_memtable_factory(MemtableFactory::HashLinkList {
+                    bucket_count: 1 << 18,
+                });
+            }
             o
         };
         let cfs = Cf::ALL.map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_opts(cf)));
-        let db = DB::open_cf_descriptors(&db_opts, path, cfs).map_err(err)?;
+        let db = if read_only {
+            DB::open_cf_descriptors_read_only(&db_opts, path, cfs, false).map_err(err)?
+        } else {
+            DB::open_cf_descriptors(&db_opts, path, cfs).map_err(err)?
+        };
         Ok(Self {
             db: Arc::new(db),
             path: path.to_owned(),
@@ -240,9 +289,35 @@ impl Store for RocksStore {
         self.db.write_opt(batch.batch, &wo).map_err(|e| self.err(e))
     }
 
+    fn multi_get(&self, keys: &[(Cf, &[u8])], found: &mut Found<'_>) -> Result<(), StoreError> {
+        if keys.is_empty() {
+            return Ok(());
+        }
+        let mut cfs_keys = Vec::with_capacity(keys.len());
+        for &(cf, key) in keys {
+            cfs_keys.push((self.cf(cf)?, key));
+        }
+        // One snapshot for every key: a row's parameters and its optimizer state are read as
+        // one group commit left them.
+        let snapshot = self.db.snapshot();
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.set_snapshot(&snapshot);
+        let values = self.db.multi_get_cf_opt(cfs_keys, &ro);
+        for (i, v) in values.into_iter().enumerate() {
+            if let Some(v) = v.map_err(|e| self.err(e))? {
+                found(i, &v)?;
+            }
+        }
+        Ok(())
+    }
+
     fn scan(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<(), StoreError> {
-        let it = self.db.iterator_cf(
+        // Keys in key order whatever the prefix extractor (see `open`).
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.set_total_order_seek(true);
+        let it = self.db.iterator_cf_opt(
             self.cf(cf)?,
+            ro,
             rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
         );
         for item in it {
@@ -340,6 +415,10 @@ impl Store for MemoryStore {
     fn write(&self, batch: MemoryBatch) -> Result<(), StoreError> {
         self.written
             .fetch_add(batch.bytes as u64, Ordering::Relaxed);
+        Ok(())
+    }
+
+    fn multi_get(&self, _: &[(Cf, &[u8])], _: &mut Found<'_>) -> Result<(), StoreError> {
         Ok(())
     }
 

@@ -306,12 +306,15 @@ impl SchedulerApi for SchedulerService {
                 "is longer than 256 bytes",
             )));
         }
-        let (j, map) = self.sched.join(
-            job_of(&caller, &r.job)?,
-            &r.worker_name,
-            r.worker_id,
-            caller.name(),
-        )?;
+        let (j, map) = self
+            .sched
+            .join_saved(
+                job_of(&caller, &r.job)?,
+                &r.worker_name,
+                r.worker_id,
+                caller.name(),
+            )
+            .await?;
         Ok(Response::new(pb::JoinJobResponse {
             worker_id: j.worker_id,
             lease_ms: j.lease.as_millis() as u64,

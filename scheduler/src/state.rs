@@ -163,6 +163,14 @@ pub struct Job {
     pub tables_ready: bool,
     pub creating_tables: bool,
     pub checkpoints: Vec<JobCheckpoint>,
+    /// Checkpoint attempts begun, saved before the shards are asked: every attempt gets a name
+    /// of its own, so one that reached some shards but was never recorded (a shard or the
+    /// scheduler died mid-way) cannot make every later attempt collide with its leftovers.
+    pub checkpoint_attempts: u64,
+    /// Scheduled checkpoints that failed in a row, and when the ticker may try the next one
+    /// (backing off, so a shard that is down is not asked every tick).
+    pub checkpoint_failures: u32,
+    pub checkpoint_retry_at: Option<Instant>,
     /// A checkpoint or resume is in progress (one at a time).
     pub checkpointing: bool,
     /// A resume holds every worker until the shards are restored.
@@ -229,6 +237,9 @@ impl Job {
             tables_ready: false,
             creating_tables: false,
             checkpoints: Vec::new(),
+            checkpoint_attempts: 0,
+            checkpoint_failures: 0,
+            checkpoint_retry_at: None,
             checkpointing: false,
             resuming: false,
             wake: watch::channel(0).0,
@@ -697,6 +708,9 @@ pub struct SavedJob {
     pub data: DataShards,
     pub workers: Vec<SavedWorker>,
     pub checkpoints: Vec<JobCheckpoint>,
+    /// [`Job::checkpoint_attempts`] (absent in older files: the checkpoints' count is used).
+    #[serde(default)]
+    pub checkpoint_attempts: u64,
     /// The job's clock ([`Clocks::current`]): where workers join when none is live.
     #[serde(default)]
     pub clock: u64,
@@ -742,6 +756,7 @@ impl Job {
                 })
                 .collect(),
             checkpoints: self.checkpoints.clone(),
+            checkpoint_attempts: self.checkpoint_attempts,
             clock: self.clocks.current(),
             cost: self.cost.save(),
         }
@@ -760,6 +775,7 @@ impl Job {
         job.cost = CostMeter::restore(s.cost);
         let last = s.checkpoints.last().map(|c| c.clock).unwrap_or(0);
         job.checkpoints = s.checkpoints;
+        job.checkpoint_attempts = s.checkpoint_attempts;
         job.clocks
             .set_barrier(next_boundary(job.spec.checkpoint_every, last));
         job.clocks.set_floor(s.clock);

@@ -1,8 +1,10 @@
 //! A real scheduler with real `ps-server` child processes registered with it, and workers
 //! (test clients on the SDK) under BSP, SSP(2) and ASP: staleness bounds observed in the
 //! parameters themselves, a worker killed and a worker joining late, a scheduler restart, a
-//! coordinated checkpoint and resume, a shard lost and back at a new address, a stale
-//! shard-map epoch, and a shard that learns a newer one from the first request bringing it.
+//! coordinated checkpoint and resume, a checkpoint attempt's leftovers on a shard, checkpoints
+//! exported for serving (`psctl export`, read back by the reader in docs/), a shard lost
+//! and back at a new address, a stale shard-map epoch, and a shard that learns a newer one from
+//! the first request bringing it.
 //!
 //! Needs the workspace's binaries (`cargo build --release` builds `ps-server` next to the test).
 
@@ -430,6 +432,253 @@ async fn checkpoint_resume_and_scheduler_restart() {
             assert!(ok, "worker {w} at clock {clock} saw {params:?}");
         }
     }
+}
+
+/// What a checkpoint attempt leaves on a shard when it reached that shard but was never recorded
+/// (another shard failed, or the scheduler died before saving it): a checkpoint by the name the
+/// next attempt at the same clock would take. The scheduled checkpoint fails once on it, is taken
+/// again under a name of its own after a short back-off, and the job goes on past the boundary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_checkpoint_left_on_a_shard_by_an_unrecorded_attempt_does_not_block_the_job() {
+    let c = cluster(2).await;
+    let sched = SchedulerClient::connect(&c.sched.url).await.unwrap();
+    let left = c.dir.path().join("shard-1/checkpoints/left-c4-0");
+    std::fs::create_dir_all(&left).unwrap();
+    sched
+        .submit(&job("left", "bsp", 1, "checkpoint_every = 4"))
+        .await
+        .unwrap();
+    let seen: Seen = Arc::default();
+    let w = tokio::spawn(worker(
+        c.sched.url.clone(),
+        "left".into(),
+        0,
+        10,
+        Duration::from_millis(10),
+        seen.clone(),
+    ));
+    let clock = tokio::time::timeout(Duration::from_secs(60), w)
+        .await
+        .expect("the job went past its checkpoint boundaries")
+        .unwrap()
+        .unwrap();
+    assert_eq!(clock, 10);
+    let ckpts = sched.checkpoints("left").await.unwrap();
+    let got: Vec<(u64, &str)> = ckpts.iter().map(|c| (c.clock, c.name.as_str())).collect();
+    assert_eq!(got, [(4, "left-c4-1"), (8, "left-c8-2")], "{ckpts:?}");
+    // The recorded checkpoints are whole on both shards; the leftover is untouched.
+    for ck in &ckpts {
+        for s in &ck.shards {
+            assert!(
+                std::path::Path::new(&s.path).join("MANIFEST.json").exists(),
+                "{s:?}"
+            );
+        }
+    }
+    assert_eq!(std::fs::read_dir(&left).unwrap().count(), 0);
+}
+
+/// Runs `psctl --scheduler URL args...`; returns its exit status and what it printed.
+fn psctl(url: &str, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(ps_launch::binary("psctl").unwrap())
+        .arg("--scheduler")
+        .arg(url)
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// What the export reader in docs/ (Python, standard library only) reads from `dir`, with the
+/// incremental export `apply` applied when given.
+fn read_export(dir: &Path, apply: Option<&Path>) -> serde_json::Value {
+    let mut cmd = std::process::Command::new("python3");
+    cmd.arg(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../docs/read_export.py"
+    ))
+    .arg(dir);
+    if let Some(inc) = apply {
+        cmd.arg("--apply").arg(inc);
+    }
+    let out = cmd.output().expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `psctl export`: a job's scheduled checkpoints exported whole and incrementally, and read back
+/// by the reader in docs/ that uses nothing of ours. Each full export holds exactly what the
+/// shards held at its checkpoint (dense tables whole across both shards, sparse rows by key);
+/// the incremental one carries only the rows changed since the earlier checkpoint, and applied
+/// to that checkpoint's full export it equals the later full export.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn psctl_exports_checkpoints_whole_and_incrementally_in_files_any_reader_reads() {
+    let c = cluster(2).await;
+    let sched = SchedulerClient::connect(&c.sched.url).await.unwrap();
+    let spec = JobSpec::from_toml(
+        r#"
+name = "exp"
+consistency = "bsp"
+num_shards = 2
+num_workers = 1
+checkpoint_every = 4
+
+[[tables]]
+name = "exp/w"
+shape = [3, 5]
+chunk_elems = 4
+optimizer = "sgd"
+learning_rate = 1.0
+
+[[tables]]
+name = "exp/emb"
+dim = 3
+optimizer = "sgd"
+learning_rate = 1.0
+"#,
+    )
+    .unwrap();
+    sched.submit(&spec).await.unwrap();
+    // At clock c the worker pushes 1 to element c of `exp/w` and c + 1 to every value of rows
+    // 7c..7c+9 of `exp/emb` (overlapping the next clock's rows); checkpoints at clocks 4 and 8.
+    const CLOCKS: u64 = 8;
+    let rows_of = |c: u64| (7 * c..7 * c + 10).collect::<Vec<u64>>();
+    let url = c.sched.url.clone();
+    let w = tokio::spawn(async move {
+        let sched = SchedulerClient::connect(&url).await?;
+        let mut me = WorkerSession::join(sched, "exp", "w0").await?;
+        let ps = me.ps_client(client_cfg()).await?;
+        let mut g = me.start().await?;
+        while g.clock < CLOCKS {
+            let mut grad = vec![0.0; 15];
+            grad[g.clock as usize] = 1.0;
+            ps.push_dense("exp/w", &grad).await?;
+            let ids = (7 * g.clock..7 * g.clock + 10).collect::<Vec<u64>>();
+            let grads = vec![(g.clock + 1) as f32; ids.len() * 3];
+            ps.push_sparse("exp/emb", &ids, &grads).await?;
+            g = me.advance(ClockDone::default()).await?;
+        }
+        me.leave().await?;
+        anyhow::Ok(g.clock)
+    });
+    assert_eq!(w.await.unwrap().unwrap(), CLOCKS);
+    let mut cks = Vec::new();
+    for _ in 0..200 {
+        cks = sched.checkpoints("exp").await.unwrap();
+        if cks.len() == 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let clocks: Vec<u64> = cks.iter().map(|c| c.clock).collect();
+    assert_eq!(clocks, [4, 8], "{cks:?}");
+
+    // What the shards held at a checkpoint of clock k: the pushes of clocks 0..k.
+    let expected = |k: u64| {
+        let mut w = vec![0.0f64; 15];
+        let mut rows = std::collections::BTreeMap::<u64, f64>::new();
+        for c in 0..k {
+            w[c as usize] -= 1.0;
+            for id in rows_of(c) {
+                *rows.entry(id).or_default() -= (c + 1) as f64;
+            }
+        }
+        serde_json::json!({
+            "checkpoint": cks.iter().find(|x| x.clock == k).unwrap().name,
+            "dense": {"exp/w": {"shape": [3, 5], "values": w}},
+            "sparse": {"exp/emb": rows
+                .iter()
+                .map(|(k, v)| (k.to_string(), serde_json::json!([v, v, v])))
+                .collect::<serde_json::Map<_, _>>()},
+        })
+    };
+    let root = c.dir.path().join("exports");
+    let (a, b, inc) = (root.join("c4"), root.join("c8"), root.join("c4-c8"));
+    let url = &c.sched.url;
+    let (ok, out) = psctl(
+        url,
+        &[
+            "export",
+            "exp",
+            a.to_str().unwrap(),
+            "--checkpoint",
+            &cks[0].name,
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = psctl(url, &["export", "exp", b.to_str().unwrap()]);
+    assert!(
+        ok && out.contains(&cks[1].name),
+        "the latest by default: {out}"
+    );
+    let (ok, out) = psctl(
+        url,
+        &[
+            "export",
+            "exp",
+            inc.to_str().unwrap(),
+            "--since",
+            &cks[0].name,
+        ],
+    );
+    assert!(ok && out.contains("incremental"), "{out}");
+
+    assert_eq!(read_export(&a, None), expected(4));
+    assert_eq!(read_export(&b, None), expected(8));
+    assert_eq!(read_export(&a, Some(&inc)), read_export(&b, None));
+    // The incremental export holds the rows clocks 4..8 pushed (28..=58), no other.
+    let m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(inc.join("manifest.json")).unwrap()).unwrap();
+    let rows: u64 = m["sparse"][0]["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["rows"].as_u64().unwrap())
+        .sum();
+    assert_eq!(rows, 31, "{m}");
+    assert_eq!(m["since"]["name"], cks[0].name.as_str());
+
+    // Refusals change nothing: an existing export, a --since after the checkpoint, a
+    // checkpoint the job does not have.
+    let before = std::fs::read(b.join("manifest.json")).unwrap();
+    let (ok, out) = psctl(url, &["export", "exp", b.to_str().unwrap()]);
+    assert!(!ok && out.contains("not empty"), "{out}");
+    assert_eq!(std::fs::read(b.join("manifest.json")).unwrap(), before);
+    let bad = root.join("bad");
+    let (ok, out) = psctl(
+        url,
+        &[
+            "export",
+            "exp",
+            bad.to_str().unwrap(),
+            "--checkpoint",
+            &cks[0].name,
+            "--since",
+            &cks[1].name,
+        ],
+    );
+    assert!(!ok && out.contains("after"), "{out}");
+    let (ok, out) = psctl(
+        url,
+        &[
+            "export",
+            "exp",
+            bad.to_str().unwrap(),
+            "--checkpoint",
+            "nope",
+        ],
+    );
+    assert!(!ok && out.contains("no checkpoint `nope`"), "{out}");
+    assert!(!bad.join("manifest.json").exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -62,6 +62,25 @@ struct Args {
     /// flight (tokens checked on both runs).
     #[arg(long)]
     flood: Option<u32>,
+    /// Only the store cases: durable sparse updates per second (dim 64, Adagrad, Zipf 1.05 ids
+    /// over --keys) on a ps-server process with the hot set in its row cache and with a cache
+    /// ten times smaller than the table, its resident memory against the cache's budget, and
+    /// the time a shard takes to serve again after kill -9 with each of --restart-rows rows.
+    #[arg(long)]
+    store: bool,
+    /// The sparse cases' key space.
+    #[arg(long, default_value_t = 100_000_000)]
+    keys: u64,
+    /// The row cache of the store cases' first run, in MiB (the second gets a tenth of the
+    /// table) [default: room for every row the run touches].
+    #[arg(long)]
+    cache_mib: Option<u64>,
+    /// Rows stored before each kill -9 of the restart cases (comma-separated; 0: none).
+    #[arg(long, value_delimiter = ',', default_values_t = [1_000_000u64, 10_000_000, 50_000_000])]
+    restart_rows: Vec<u64>,
+    /// With --store: only the restart cases.
+    #[arg(long)]
+    only_restart: bool,
 }
 
 fn memcpy_gbps() -> f64 {
@@ -299,10 +318,10 @@ async fn sparse_case(
     endpoints: &[String],
     seconds: f64,
     t: &Transport,
+    space: u64,
 ) -> anyhow::Result<(f64, f64, f64)> {
     let dim = 64;
     let batch = 4096;
-    let space = 1_000_000u64;
     let ps = PsClient::connect(client_config(endpoints, t)).await?;
     ps.create_table(
         TableSpec::sparse("bench/sparse", dim)?.with_optimizer(Optimizer::adagrad(0.05))?,
@@ -311,7 +330,7 @@ async fn sparse_case(
     let zipf = Zipf::new(space as f64, 1.05)?;
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
     // Pre-generate batches so that sampling costs nothing in the timed loop.
-    let batches: Vec<Vec<u64>> = (0..64)
+    let batches: Vec<Vec<u64>> = (0..256)
         .map(|_| (0..batch).map(|_| zipf.sample(&mut rng) as u64).collect())
         .collect();
     let unique: f64 = batches
@@ -481,6 +500,14 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         return flood(&client_rt, limit, args.seconds.max(3.0));
     }
+    if args.store {
+        let client_rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("client")
+            .enable_all()
+            .build()?;
+        return client_rt.block_on(store_cases(&args));
+    }
     let memcpy = memcpy_gbps();
     let tcp = tcp_gbps();
     println!("{{\"case\":\"memcpy\",\"gbps\":{memcpy:.3}}}");
@@ -586,6 +613,7 @@ fn main() -> anyhow::Result<()> {
                 &cluster.endpoints,
                 seconds.max(2.0),
                 &transport,
+                args.keys.min(1_000_000),
             ))?;
             println!(
                 "{{\"case\":\"sparse_adagrad_dim64\",\"shards\":1,\"mode\":\"{mode}\",\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2}}}"
@@ -594,4 +622,186 @@ fn main() -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A ps-server process of this build (the binary beside this one) on `data`.
+struct ShardProcess {
+    svc: ps_launch::Service,
+    endpoint: String,
+}
+
+impl ShardProcess {
+    async fn start(data: &std::path::Path, cache_mib: u64) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let bin = exe.with_file_name("ps-server");
+        let args: Vec<String> = [
+            "--data-dir",
+            &data.display().to_string(),
+            "--listen",
+            "127.0.0.1:0",
+            "--cache-mib",
+            &cache_mib.to_string(),
+            "--bulk-listen",
+            "off",
+        ]
+        .map(str::to_owned)
+        .into();
+        let logs = data.with_extension("logs");
+        let mut svc = ps_launch::Service::spawn(&bin, "ps-server", &args, &logs, true)?;
+        let ready = svc.ready(std::time::Duration::from_secs(600)).await?;
+        Ok(Self {
+            svc,
+            endpoint: ready.url(),
+        })
+    }
+
+    fn rss(&self) -> u64 {
+        std::fs::read_to_string(format!("/proc/{}/status", self.svc.id()))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("VmRSS:"))
+                    .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+            })
+            .map_or(0, |kib| kib * 1024)
+    }
+}
+
+/// Bytes one row of dim 64 with Adagrad takes in a shard's cache.
+const ROW_BYTES: u64 = 64 * 4 * 2 + 64;
+
+/// The store cases: update rate with the hot set cached and with a cache a tenth of the
+/// table, on a shard process; then the time to serve after kill -9 by rows stored.
+async fn store_cases(args: &Args) -> anyhow::Result<()> {
+    let transport = Transport {
+        request_kib: args.request_kib,
+        bulk: false,
+        tls: None,
+    };
+    let seconds = args.seconds.max(3.0);
+    let dir = tempfile::tempdir()?;
+    if args.only_restart {
+        for &rows in args.restart_rows.iter().filter(|&&r| r > 0) {
+            restart_case(dir.path(), rows, &transport).await?;
+        }
+        return Ok(());
+    }
+    // Every row the runs touch fits the first cache (4096-id pushes, four in flight, at most a
+    // few million distinct ids in a run of seconds).
+    let big = args.cache_mib.unwrap_or(4096);
+    let data = dir.path().join("zipf");
+    let shard = ShardProcess::start(&data, big).await?;
+    let endpoints = [shard.endpoint.clone()];
+    // The first run fills the table; the second is timed with the hot set in the cache.
+    sparse_case(&endpoints, seconds, &transport, args.keys).await?;
+    let (keys, unique, per_write) = sparse_case(&endpoints, seconds, &transport, args.keys).await?;
+    let ps = PsClient::connect(client_config(&endpoints, &transport)).await?;
+    let stats = ps.stats().await?.remove(0);
+    let rows = stats.tables.iter().map(|t| t.rows).sum::<u64>();
+    println!(
+        "{{\"case\":\"store_sparse_adagrad_dim64\",\"keys\":{},\"cache\":\"hot set\",\"cache_mib\":{big},\"rows\":{rows},\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2},\"hit_ratio\":{:.3},\"rss_mib\":{}}}",
+        args.keys,
+        stats.cache_hits as f64 / (stats.cache_hits + stats.cache_misses).max(1) as f64,
+        shard.rss() >> 20
+    );
+    drop(ps);
+    shard.svc.stop(std::time::Duration::from_secs(60)).await;
+    // The same table with a cache a tenth of its size.
+    let small = ((rows * ROW_BYTES / 10) >> 20).max(1);
+    let shard = ShardProcess::start(&data, small).await?;
+    let endpoints = [shard.endpoint.clone()];
+    // Warms the cache (rows come back from the store), then timed.
+    sparse_case(&endpoints, seconds, &transport, args.keys).await?;
+    let ps = PsClient::connect(client_config(&endpoints, &transport)).await?;
+    let before = ps.stats().await?.remove(0);
+    let (keys, unique, per_write) = sparse_case(&endpoints, seconds, &transport, args.keys).await?;
+    let stats = ps.stats().await?.remove(0);
+    let (hits, misses) = (
+        stats.cache_hits - before.cache_hits,
+        stats.cache_misses - before.cache_misses,
+    );
+    println!(
+        "{{\"case\":\"store_sparse_adagrad_dim64\",\"keys\":{},\"cache\":\"a tenth of the table\",\"cache_mib\":{small},\"rows\":{},\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2},\"hit_ratio\":{:.3},\"rss_mib\":{}}}",
+        args.keys,
+        stats.tables.iter().map(|t| t.rows).sum::<u64>(),
+        hits as f64 / (hits + misses).max(1) as f64,
+        shard.rss() >> 20
+    );
+    drop(ps);
+    drop(shard);
+    for &rows in args.restart_rows.iter().filter(|&&r| r > 0) {
+        restart_case(dir.path(), rows, &transport).await?;
+    }
+    Ok(())
+}
+
+/// Stores `rows` rows (dim 64, Adagrad) in a fresh shard process, kills it (-9) right after
+/// the last acknowledged push, and times a new process on the same data until it answers a
+/// pull of rows it stored.
+async fn restart_case(root: &std::path::Path, rows: u64, t: &Transport) -> anyhow::Result<()> {
+    let data = root.join(format!("restart-{rows}"));
+    let mut shard = ShardProcess::start(&data, 256).await?;
+    let endpoints = [shard.endpoint.clone()];
+    let ps = PsClient::connect(client_config(&endpoints, t)).await?;
+    ps.create_table(TableSpec::sparse("bench/rows", 64)?.with_optimizer(Optimizer::adagrad(0.05))?)
+        .await?;
+    let batch = 16_384u64;
+    let grads = vec![0.01f32; batch as usize * 64];
+    let fill = Instant::now();
+    let mut next = 0u64;
+    while next < rows {
+        let round: Vec<_> = (0..4)
+            .filter_map(|k| {
+                let from = next + k * batch;
+                (from < rows).then(|| (from..(from + batch).min(rows)).collect::<Vec<u64>>())
+            })
+            .collect();
+        next += 4 * batch;
+        let pushes = round
+            .iter()
+            .map(|ids| ps.push_sparse("bench/rows", ids, &grads[..ids.len() * 64]));
+        for r in futures::future::join_all(pushes).await {
+            r?;
+        }
+    }
+    let fill_s = fill.elapsed().as_secs_f64();
+    let stored = ps.stats().await?.remove(0).tables[0].rows;
+    drop(ps);
+    shard.svc.kill();
+    let probe: Vec<u64> = (0..1000).map(|k| k * 7919 % rows).collect();
+    let t0 = Instant::now();
+    let shard = ShardProcess::start(&data, 256).await?;
+    let ready_s = t0.elapsed().as_secs_f64();
+    let ps = PsClient::connect(client_config(std::slice::from_ref(&shard.endpoint), t)).await?;
+    let got = ps.pull_sparse("bench/rows", &probe).await?;
+    let serve_s = t0.elapsed().as_secs_f64();
+    anyhow::ensure!(got.len() == probe.len() * 64, "a short answer");
+    let disk = dir_bytes(&data);
+    println!(
+        "{{\"case\":\"store_restart_after_kill_9\",\"rows\":{stored},\"fill_rows_per_s\":{:.0},\"serving_after_s\":{serve_s:.3},\"ready_after_s\":{ready_s:.3},\"disk_mib\":{},\"rss_mib\":{}}}",
+        rows as f64 / fill_s,
+        disk >> 20,
+        shard.rss() >> 20
+    );
+    if std::env::var_os("PS_BENCH_LOG").is_some() {
+        let log = std::fs::read_to_string(shard.svc.log()).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        eprintln!("{}", lines[lines.len().saturating_sub(25)..].join("\n"));
+    }
+    drop(shard);
+    std::fs::remove_dir_all(&data)?;
+    Ok(())
+}
+
+/// Bytes of the files under `dir`.
+fn dir_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir).map_or(0, |entries| {
+        entries
+            .filter_map(Result::ok)
+            .map(|e| match e.file_type() {
+                Ok(t) if t.is_dir() => dir_bytes(&e.path()),
+                _ => e.metadata().map_or(0, |m| m.len()),
+            })
+            .sum()
+    })
 }

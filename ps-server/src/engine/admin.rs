@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 
 use ps_core::{TableName, TableSpec, ValidationError};
 
-use super::keys::{META_NEXT_ID, StoredTable, table_key};
-use super::table::footprint;
+use super::keys::{META_NEXT_ID, StoredTable, rows_key, table_key};
+use super::table::{TableData, footprint};
 use super::{Cmd, Engine, EngineError, Inner, Result};
 use crate::store::{Cf, Store, StoreBatch, StoreError};
 use ps_core::status::{ShardStats, TableStats};
@@ -44,6 +44,11 @@ impl<S: Store> Engine<S> {
         self.submit(|r| Cmd::Checkpoint(name, r)).await
     }
 
+    /// Most bytes of sparse rows kept in memory; 0 without a store (every row stays).
+    pub fn cache_budget(&self) -> u64 {
+        self.inner.cache.budget.unwrap_or(0)
+    }
+
     /// The shard's counters now (the bulk stream's calls are the service's to fill in).
     pub fn stats(&self) -> ShardStats {
         let c = &self.inner.counters;
@@ -60,6 +65,13 @@ impl<S: Store> Engine<S> {
             t
         }));
         tables.sort_by(|a, b| a.name.cmp(&b.name));
+        let cache = &self.inner.cache;
+        // In the in-memory mode the rows are in `memory_used` already.
+        let cache_bytes = if cache.budget.is_some() {
+            self.inner.cache_used()
+        } else {
+            0
+        };
         ShardStats {
             shard_index: self.inner.cfg.shard_index,
             num_shards: self.inner.cfg.num_shards,
@@ -71,8 +83,13 @@ impl<S: Store> Engine<S> {
             live_data_bytes: self.inner.store.live_bytes(),
             tables,
             bulk_calls: 0,
-            memory_bytes: self.inner.memory_used.load(Ordering::Relaxed),
+            memory_bytes: self.inner.memory_used.load(Ordering::Relaxed) + cache_bytes,
             memory_budget_bytes: self.inner.cfg.memory_budget,
+            cache_bytes,
+            cache_budget_bytes: cache.budget.unwrap_or(0),
+            cache_hits: cache.hits.load(Ordering::Relaxed),
+            cache_misses: cache.misses.load(Ordering::Relaxed),
+            cache_evictions: cache.evictions.load(Ordering::Relaxed),
         }
     }
 }
@@ -159,6 +176,7 @@ impl<S: Store> Inner<S> {
         batch.delete_range(Cf::Params, &from, &to);
         batch.delete_range(Cf::Optim, &from, &to);
         batch.delete(Cf::Meta, &table_key(name));
+        batch.delete(Cf::Meta, &rows_key(id));
         self.write(batch)
             .map_err(|cause| EngineError::ReadOnly { cause })?;
         self.unloaded.write().remove(name);
@@ -168,9 +186,13 @@ impl<S: Store> Inner<S> {
         };
         table.dropped.store(true, Ordering::Release);
         self.tables.write().remove(name);
-        // Rows a queued push adds after this are never counted: the table is gone.
-        self.memory_used
-            .fetch_sub(table.memory_bytes(), Ordering::Relaxed);
+        // Rows a queued push adds after this are never counted: the table is gone. A durable
+        // shard's cached rows were never counted in `memory_used` (the cache has its own
+        // budget), and leave the cache with the table.
+        if !(self.cache.budget.is_some() && matches!(table.data, TableData::Sparse(_))) {
+            self.memory_used
+                .fetch_sub(table.memory_bytes(), Ordering::Relaxed);
+        }
         self.dense_cells_changed();
         tracing::info!(table = %name, "table dropped");
         Ok(())
@@ -194,7 +216,7 @@ impl<S: Store> Inner<S> {
             self.snapshot(log)?;
         }
         std::fs::create_dir_all(&path).map_err(StoreError::Io)?;
-        let sequence = self.store.checkpoint(&path.join("db"))?;
+        let sequence = self.store.checkpoint(&crate::checkpoint::db_of(&path))?;
         Ok(CheckpointDone {
             name,
             path,

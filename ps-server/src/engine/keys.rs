@@ -19,6 +19,25 @@ pub(super) const META_FLOOR: u8 = b'f';
 /// The dense-log position the dense cells in the store cover (little-endian u64).
 pub(super) const META_LOG_POS: &[u8] = b"l";
 
+/// `r<table id>` → the rows a sparse table has on this shard (little-endian u64).
+pub(super) const META_ROWS: u8 = b'r';
+
+pub(super) fn rows_key(table_id: u32) -> [u8; 5] {
+    let mut k = [0u8; 5];
+    k[0] = META_ROWS;
+    k[1..].copy_from_slice(&table_id.to_be_bytes());
+    k
+}
+
+/// The store key of cell `index` of table `table_id`: table id, then index, big-endian (cells
+/// of a table are contiguous and sorted).
+pub(super) fn cell_key(table_id: u32, index: u64) -> [u8; 12] {
+    let mut k = [0u8; 12];
+    k[..4].copy_from_slice(&table_id.to_be_bytes());
+    k[4..].copy_from_slice(&index.to_be_bytes());
+    k
+}
+
 pub(super) fn dedup_key(client: u64, seq: u64) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[0] = META_DEDUP;

@@ -28,10 +28,12 @@ mod admin;
 mod dedup;
 mod dense;
 mod error;
+mod export;
 mod keys;
 mod read;
 mod recovery;
 mod routing;
+mod rows;
 mod shard;
 mod table;
 mod validate;
@@ -50,6 +52,7 @@ use tokio::sync::{Semaphore, SemaphorePermit, mpsc, oneshot};
 
 pub use admin::CheckpointDone;
 pub use error::{EngineError, Result};
+pub use export::ExportRequest;
 pub use read::PulledDense;
 pub use routing::MapEpoch;
 pub use shard::{Checkpointed, Reopen, Restored, Shard};
@@ -89,6 +92,9 @@ pub struct EngineConfig {
     pub max_answer_bytes: u64,
     /// What one job's tables may take on this shard.
     pub job_quota: JobQuota,
+    /// Most bytes of sparse rows a durable shard keeps in memory (its cache), out of
+    /// `memory_budget`; the store holds every row.
+    pub cache_bytes: u64,
 }
 
 /// What one job's tables (named `<job>/...`) may take on a shard; `None`: no limit. Tables
@@ -171,6 +177,8 @@ struct Inner<S: Store> {
     memory_used: AtomicU64,
     /// Tables found in the store that could not be loaded, and why.
     unloaded: RwLock<HashMap<TableName, Unloaded>>,
+    /// The sparse-row cache's budget and counters.
+    cache: rows::Cache,
 }
 
 /// A stored table the shard did not load at start-up: calls on it are refused until it is
@@ -248,6 +256,7 @@ impl<S: Store> Engine<S> {
             image_len: AtomicU64::new(0),
             memory_used: AtomicU64::new(0),
             unloaded: RwLock::new(HashMap::new()),
+            cache: rows::Cache::new(store.durable().then_some(cfg.cache_bytes)),
             store,
             cfg,
         });
@@ -388,7 +397,7 @@ impl<S: Store> Inner<S> {
             .read()
             .values()
             .filter(|t| t.spec.name.as_str().starts_with(&prefix))
-            .fold((0u64, 0u64), |(n, b), t| (n + 1, b + t.memory_bytes()));
+            .fold((0u64, 0u64), |(n, b), t| (n + 1, b + t.held_bytes()));
         let over = |limit_name, needed, limit| EngineError::OverLimit {
             what: format!("job `{job}` on this shard (table `{table}`)"),
             limit_name,
@@ -410,10 +419,15 @@ impl<S: Store> Inner<S> {
         Ok(())
     }
 
-    /// Refuses `needed` more bytes of cells for `what` when the memory budget has no room.
+    /// Refuses `needed` more bytes of cells for `what` when the memory budget (less the
+    /// sparse-row cache's share) has no room.
     fn check_memory(&self, what: impl FnOnce() -> String, needed: u64) -> Result<()> {
         let used = self.memory_used.load(std::sync::atomic::Ordering::Relaxed);
-        let left = self.cfg.memory_budget.saturating_sub(used);
+        let budget = self
+            .cfg
+            .memory_budget
+            .saturating_sub(self.cache.budget.unwrap_or(0));
+        let left = budget.saturating_sub(used);
         if needed > left {
             return Err(EngineError::OverLimit {
                 what: what(),

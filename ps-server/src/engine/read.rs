@@ -128,11 +128,18 @@ impl<S: Store> Engine<S> {
         self.check_answer(table, answer, "pull fewer ids per call")?;
         let dim = *dim as usize;
         let mut buf = vec![0.0f32; req.ids.len() * dim];
-        for (&id, out) in req.ids.iter().zip(buf.chunks_exact_mut(dim)) {
-            match rows.get(&id) {
-                Some(cell) => out.copy_from_slice(&cell.data[..dim]),
-                None => table.spec.initializer.fill(table.hash, id, out),
+        let mut missing = Vec::new();
+        for (i, (&id, out)) in req.ids.iter().zip(buf.chunks_exact_mut(dim)).enumerate() {
+            if !rows.read_into(id, out) {
+                missing.push(i);
             }
+        }
+        self.inner
+            .cache
+            .counted((req.ids.len() - missing.len()) as u64, missing.len() as u64);
+        if !missing.is_empty() {
+            self.inner
+                .read_missing(table, rows, &req.ids, &missing, &mut buf)?;
         }
         table.pulled(buf.len() as u64);
         m::pulled(table.spec.name.as_str(), "sparse", buf.len() as u64);

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use super::keys::{
     META_DEDUP, META_FLOOR, META_IDENTITY, META_LOG_POS, META_NEXT_ID, META_TABLE, StoredIdentity,
-    StoredTable, be_u64, le_u64, read_f32s,
+    StoredTable, be_u64, le_u64, read_f32s, rows_key,
 };
 use super::table::{Cell, Table, TableData, footprint};
 use super::{EngineError, Inner, Result, Unloaded};
@@ -148,78 +148,73 @@ impl<S: Store> Inner<S> {
             .insert(table.spec.name.clone(), Unloaded { table, cause });
     }
 
-    /// Loads a table's stored cells. `Ok(Err(cause))`: its sparse rows would pass the memory
-    /// budget (the rows read so far are dropped with the table).
+    /// Loads a dense table's stored cells; a sparse table's rows stay in the store (read on
+    /// first use), only their count is read. `Ok(Err(cause))`: the table cannot be loaded.
     fn load_cells(&self, table: &Table) -> Result<Result<(), String>> {
-        let prefix = table.id.to_be_bytes();
-        let dim = table.spec.row_dim();
-        let shape = table.spec.dense_shape();
-        let cell_len = |index: u64| -> Result<usize, StoreError> {
-            match shape {
-                Some(s) => s.chunk_len(index).ok_or_else(|| {
-                    StoreError::Corrupt(format!("chunk {index} of `{}`", table.spec.name))
-                }),
-                None => Ok(dim),
+        let chunks = match &table.data {
+            TableData::Dense(chunks) => chunks,
+            TableData::Sparse(rows) => {
+                rows.set_stored(self.stored_rows(table)?);
+                return Ok(Ok(()));
             }
         };
-        let mut over_budget = None;
-        let scanned = self.store.scan(Cf::Params, &prefix, &mut |k, v| {
+        let prefix = table.id.to_be_bytes();
+        let cell_len = |index: u64| -> Result<usize, StoreError> {
+            table
+                .spec
+                .dense_shape()
+                .and_then(|s| s.chunk_len(index))
+                .ok_or_else(|| {
+                    StoreError::Corrupt(format!("chunk {index} of `{}`", table.spec.name))
+                })
+        };
+        let cell = |index: u64| {
+            chunks.get(&index).ok_or_else(|| {
+                StoreError::Corrupt(format!(
+                    "chunk {index} of `{}` is not this shard's",
+                    table.spec.name
+                ))
+            })
+        };
+        self.store.scan(Cf::Params, &prefix, &mut |k, v| {
             let index = be_u64(k.get(4..).unwrap_or_default())?;
             let n = cell_len(index)?;
-            match &table.data {
-                TableData::Dense(chunks) => {
-                    let mut cell = chunks
-                        .get(&index)
-                        .ok_or_else(|| {
-                            StoreError::Corrupt(format!("chunk {index} is not this shard's"))
-                        })?
-                        .write();
-                    read_f32s(v, &mut cell.data[..n])
-                }
-                TableData::Sparse(rows) => {
-                    let rows_bytes = (rows.len() as u64 + 1) * table.row_bytes();
-                    if let Err(e) = self.check_memory(
-                        || format!("the stored rows of table `{}`", table.spec.name),
-                        rows_bytes,
-                    ) {
-                        over_budget = Some(e.to_string());
-                        return Err(StoreError::Corrupt(String::new()));
-                    }
-                    let mut cell = Cell::fresh(&table.spec, table.hash, index, n);
-                    read_f32s(v, &mut cell.data[..n])?;
-                    rows.insert(index, cell);
-                    Ok(())
-                }
-            }
-        });
-        if let Some(cause) = over_budget {
-            return Ok(Err(cause));
-        }
-        scanned?;
+            read_f32s(v, &mut cell(index)?.write().data[..n])
+        })?;
         self.store.scan(Cf::Optim, &prefix, &mut |k, v| {
             let index = be_u64(k.get(4..).unwrap_or_default())?;
             let n = cell_len(index)?;
-            let load = |cell: &mut Cell| -> Result<(), StoreError> {
-                if v.len() < 8 {
-                    return Err(StoreError::Corrupt("optimizer state".into()));
-                }
-                cell.step = le_u64(&v[..8])?;
-                read_f32s(&v[8..], &mut cell.data[n..])
-            };
-            match &table.data {
-                TableData::Dense(chunks) => match chunks.get(&index) {
-                    Some(c) => load(&mut c.write()),
-                    None => Err(StoreError::Corrupt(format!("state of chunk {index}"))),
-                },
-                TableData::Sparse(rows) => match rows.get_mut(&index) {
-                    Some(mut c) => load(&mut c),
-                    None => Err(StoreError::Corrupt(format!(
-                        "state of row {index} without its row"
-                    ))),
-                },
-            }
+            cell(index)?.write().load_state(n, v)
         })?;
         Ok(Ok(()))
+    }
+
+    /// The rows sparse table `table` has in the store: its recorded count, or, in a data
+    /// directory written before rows were counted, its rows counted once and recorded.
+    fn stored_rows(&self, table: &Table) -> Result<u64> {
+        let key = rows_key(table.id);
+        let mut count = None;
+        self.store.scan(Cf::Meta, &key, &mut |k, v| {
+            if k == key {
+                count = Some(le_u64(v)?);
+            }
+            Ok(())
+        })?;
+        if let Some(n) = count {
+            return Ok(n);
+        }
+        let mut n = 0u64;
+        self.store
+            .scan(Cf::Params, &table.id.to_be_bytes(), &mut |_, _| {
+                n += 1;
+                Ok(())
+            })?;
+        if self.store.durable() {
+            let mut batch = self.store.batch();
+            batch.put(Cf::Meta, &key, &n.to_le_bytes());
+            self.store.write(batch)?;
+        }
+        Ok(n)
     }
 
     /// Applies the dense-log records the stored cells do not cover, in order, through the
@@ -380,13 +375,8 @@ impl<S: Store> Inner<S> {
         self.store.scan(Cf::Params, &k, &mut |_, v| {
             read_f32s(v, &mut cell.data[..n])
         })?;
-        self.store.scan(Cf::Optim, &k, &mut |_, v| {
-            if v.len() < 8 {
-                return Err(StoreError::Corrupt("optimizer state".into()));
-            }
-            cell.step = le_u64(&v[..8])?;
-            read_f32s(&v[8..], &mut cell.data[n..])
-        })?;
+        self.store
+            .scan(Cf::Optim, &k, &mut |_, v| cell.load_state(n, v))?;
         Ok(slot.insert(cell))
     }
 }

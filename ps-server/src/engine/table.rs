@@ -4,11 +4,11 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use dashmap::DashMap;
 use parking_lot::RwLock;
 use ps_core::status::TableStats;
 use ps_core::{TableKind, TableSpec};
 
+use super::rows::Rows;
 use crate::optim;
 use crate::store::{Cf, StoreBatch};
 
@@ -21,6 +21,41 @@ pub(super) struct Cell {
 }
 
 impl Cell {
+    /// A cell of `n` values read from the store: its parameters, then (when its optimizer
+    /// keeps state) the step and the state values; `None` for the state of an SGD cell.
+    pub(super) fn stored(
+        spec: &TableSpec,
+        n: usize,
+        params: &[u8],
+        state: Option<&[u8]>,
+    ) -> Result<Self, crate::store::StoreError> {
+        let slots = spec.optimizer.state_slots();
+        let mut data = vec![0.0; n * (1 + slots)];
+        super::keys::read_f32s(params, &mut data[..n])?;
+        let mut step = 0;
+        if slots > 0 {
+            let state = state.ok_or_else(|| {
+                crate::store::StoreError::Corrupt("a stored row without its optimizer state".into())
+            })?;
+            step = read_state(state, &mut data[n..])?;
+        }
+        Ok(Self {
+            step,
+            data: data.into_boxed_slice(),
+        })
+    }
+
+    /// Sets the cell's step and optimizer state (after its `n` parameters) from their stored
+    /// form.
+    pub(super) fn load_state(
+        &mut self,
+        n: usize,
+        stored: &[u8],
+    ) -> Result<(), crate::store::StoreError> {
+        self.step = read_state(stored, &mut self.data[n..])?;
+        Ok(())
+    }
+
     pub(super) fn fresh(spec: &TableSpec, table_hash: u64, key: u64, n: usize) -> Self {
         let mut data = vec![0.0; n * (1 + spec.optimizer.state_slots())];
         spec.initializer.fill(table_hash, key, &mut data[..n]);
@@ -40,11 +75,21 @@ impl Cell {
     }
 }
 
+/// Reads a stored optimizer state (the step count, then the state values) into `state`;
+/// returns the step.
+fn read_state(stored: &[u8], state: &mut [f32]) -> Result<u64, crate::store::StoreError> {
+    if stored.len() < 8 {
+        return Err(crate::store::StoreError::Corrupt("optimizer state".into()));
+    }
+    super::keys::read_f32s(&stored[8..], state)?;
+    super::keys::le_u64(&stored[..8])
+}
+
 #[derive(Debug)]
 pub(super) enum TableData {
     /// The chunks this shard owns.
     Dense(HashMap<u64, RwLock<Cell>>),
-    Sparse(DashMap<u64, Cell, foldhash::fast::RandomState>),
+    Sparse(Rows),
 }
 
 /// Bytes a cell takes besides its values (map entry, lock, allocation).
@@ -138,9 +183,7 @@ impl Table {
                     })
                     .collect(),
             ),
-            TableKind::Sparse { .. } => {
-                TableData::Sparse(DashMap::with_hasher(foldhash::fast::RandomState::default()))
-            }
+            TableKind::Sparse { .. } => TableData::Sparse(Rows::default()),
         };
         let dense_bytes = match &data {
             TableData::Dense(chunks) => chunks
@@ -167,13 +210,9 @@ impl Table {
         &self.spec
     }
 
-    /// The store key of cell `index`: table id, then index, big-endian (cells of a table are
-    /// contiguous and sorted).
+    /// The store key of cell `index` ([`super::keys::cell_key`]).
     pub(super) fn key(&self, index: u64) -> [u8; 12] {
-        let mut k = [0u8; 12];
-        k[..4].copy_from_slice(&self.id.to_be_bytes());
-        k[4..].copy_from_slice(&index.to_be_bytes());
-        k
+        super::keys::cell_key(self.id, index)
     }
 
     /// This table's counters on this shard.
@@ -190,6 +229,10 @@ impl Table {
             cpu_seconds: self.counters.cpu_ns.load(Ordering::Relaxed) as f64 / 1e9,
             bytes_received: self.counters.bytes_received.load(Ordering::Relaxed),
             bytes_sent: self.counters.bytes_sent.load(Ordering::Relaxed),
+            cached_rows: match &self.data {
+                TableData::Dense(_) => 0,
+                TableData::Sparse(rows) => rows.cached(),
+            },
         }
     }
 
@@ -209,11 +252,21 @@ impl Table {
         c.fetch_add(bytes as u64, Ordering::Relaxed);
     }
 
-    /// Bytes this table's cells take on this shard.
+    /// Bytes this table's cells take in memory on this shard (a durable shard's sparse rows:
+    /// those in its cache).
     pub fn memory_bytes(&self) -> u64 {
         match &self.data {
             TableData::Dense(_) => self.dense_bytes,
-            TableData::Sparse(rows) => rows.len() as u64 * self.row_bytes(),
+            TableData::Sparse(rows) => rows.cached() * self.row_bytes(),
+        }
+    }
+
+    /// Bytes this table's cells take on this shard, in memory or in the store: what a job's
+    /// byte quota counts.
+    pub fn held_bytes(&self) -> u64 {
+        match &self.data {
+            TableData::Dense(_) => self.dense_bytes,
+            TableData::Sparse(rows) => rows.stored() * self.row_bytes(),
         }
     }
 
@@ -226,7 +279,7 @@ impl Table {
     pub fn rows(&self) -> u64 {
         match &self.data {
             TableData::Dense(c) => c.len() as u64,
-            TableData::Sparse(r) => r.len() as u64,
+            TableData::Sparse(r) => r.stored(),
         }
     }
 

@@ -97,32 +97,38 @@ impl<S: Store> Engine<S> {
         self.push(Job::Sparse(table, req), reserved).await
     }
 
-    /// Refuses a sparse push whose new rows would pass the memory budget. Rows are counted
-    /// only when all of the push's ids being new would not fit.
+    /// Refuses a sparse push whose new rows would pass the memory budget (in-memory mode) or
+    /// the job's byte quota. Rows are counted only when all of the push's ids being new would
+    /// not fit.
     fn check_new_rows(&self, table: &Table, ids: &[u64]) -> Result<()> {
         let TableData::Sparse(rows) = &table.data else {
             return Ok(());
         };
         let inner = &self.inner;
-        let row = table.row_bytes();
-        let all_new = ids.len() as u64 * row;
-        if inner.check_memory(String::new, all_new).is_ok()
-            && inner
-                .check_job_quota(&table.spec.name, false, all_new)
-                .is_ok()
-        {
+        // A durable shard's rows live in the store: only the quota limits them.
+        let in_memory = inner.cache.budget.is_none();
+        let fits = |n: u64| -> Result<()> {
+            let bytes = n * table.row_bytes();
+            if in_memory {
+                inner.check_memory(
+                    || format!("{n} new rows of table `{}`", table.spec.name),
+                    bytes,
+                )?;
+            }
+            inner.check_job_quota(&table.spec.name, false, bytes)
+        };
+        if fits(ids.len() as u64).is_ok() {
             return Ok(());
         }
-        let fresh: HashSet<u64> = ids
+        let mut fresh: Vec<u64> = ids
             .iter()
             .copied()
-            .filter(|id| !rows.contains_key(id))
+            .filter(|&id| !rows.contains(id))
             .collect();
-        inner.check_memory(
-            || format!("{} new rows of table `{}`", fresh.len(), table.spec.name),
-            fresh.len() as u64 * row,
-        )?;
-        inner.check_job_quota(&table.spec.name, false, fresh.len() as u64 * row)
+        fresh.sort_unstable();
+        fresh.dedup();
+        let stored = inner.fetch_rows(table, &fresh)?;
+        fits(fresh.iter().filter(|id| !stored.contains_key(id)).count() as u64)
     }
 
     /// Checks every slice against the table's chunks and this shard.

@@ -11,11 +11,12 @@ use ps_core::{NonFinitePolicy, PushDense, PushSparse, TableKind};
 use tokio::sync::{mpsc, oneshot};
 
 use super::dedup::Dedup;
+use super::keys::rows_key;
 use super::table::{Cell, Table, TableData, ThreadCpu};
 use super::{Cmd, EngineError, Inner, Job, PushOutcome, Result};
 use crate::dense_log::DenseLog;
 use crate::metrics as m;
-use crate::store::{Store, StoreBatch};
+use crate::store::{Cf, Store, StoreBatch};
 
 /// A queued push and where its answer goes.
 pub(super) type Queued = (Job, oneshot::Sender<Result<PushOutcome>>);
@@ -50,11 +51,13 @@ impl<S: Store> Inner<S> {
                     }
                     admin => {
                         self.commit_group(std::mem::take(&mut pushes));
+                        self.evict();
                         self.run_admin(admin);
                     }
                 }
             }
             self.commit_group(pushes);
+            self.evict();
         }
         tracing::info!("writer stopped");
     }
@@ -208,7 +211,7 @@ impl<S: Store> Inner<S> {
         }
         let outcome = match job {
             Job::Dense(t, p) => self.apply_dense(t, p, batch, log),
-            Job::Sparse(t, p) => self.apply_sparse(t, p, batch),
+            Job::Sparse(t, p) => self.apply_sparse(t, p, batch)?,
         };
         dedup.record(push_id, batch);
         self.counters.pushes_applied.fetch_add(1, Ordering::Relaxed);
@@ -282,10 +285,15 @@ impl<S: Store> Inner<S> {
         out
     }
 
-    fn apply_sparse(&self, table: &Table, push: &PushSparse, batch: &mut S::Batch) -> PushOutcome {
+    fn apply_sparse(
+        &self,
+        table: &Table,
+        push: &PushSparse,
+        batch: &mut S::Batch,
+    ) -> Result<PushOutcome> {
         let mut out = PushOutcome::default();
         let TableData::Sparse(rows) = &table.data else {
-            return out; // checked before queueing
+            return Ok(out); // checked before queueing
         };
         let dim = table.spec.row_dim();
         // Decoded to f32 and checked before queueing.
@@ -313,25 +321,48 @@ impl<S: Store> Inner<S> {
                 }
             }
         }
+        // The rows not in memory are read from the store in one batch before any is updated
+        // (only this thread evicts, so the others stay in memory until the group is written).
+        let missing: Vec<u64> = order
+            .iter()
+            .copied()
+            .filter(|&id| !rows.contains(id))
+            .collect();
+        let mut fetched = self.fetch_rows(table, &missing)?;
+        self.cache
+            .counted((order.len() - missing.len()) as u64, missing.len() as u64);
         let mut scratch = Vec::new();
+        let mut new_rows = 0u64;
         for (&id, g) in order.iter().zip(combined.chunks_exact(dim)) {
             if table.spec.non_finite == NonFinitePolicy::Skip && g.iter().any(|v| !v.is_finite()) {
                 out.skipped_non_finite += 1;
                 continue;
             }
-            let mut added = false;
-            let mut cell = rows.entry(id).or_insert_with(|| {
-                added = true;
-                Cell::fresh(&table.spec, table.hash, id, dim)
-            });
-            if added {
-                self.memory_used
-                    .fetch_add(table.row_bytes(), std::sync::atomic::Ordering::Relaxed);
+            let mut stripe = rows.stripe(id).write();
+            if !stripe.contains_key(&id) {
+                let cell = match fetched.remove(&id) {
+                    Some(cell) => cell,
+                    None => {
+                        new_rows += 1;
+                        Cell::fresh(&table.spec, table.hash, id, dim)
+                    }
+                };
+                rows.insert_absent(&mut stripe, id, cell);
             }
-            update_cell(table, id, &mut cell, g, batch, &mut scratch);
-            out.applied_values += dim as u64;
+            if let Some(row) = stripe.get_mut(&id) {
+                update_cell(table, id, &mut row.cell, g, batch, &mut scratch);
+                out.applied_values += dim as u64;
+            }
         }
-        out
+        if new_rows > 0 {
+            let total = rows.add_stored(new_rows);
+            if self.cache.budget.is_none() {
+                self.memory_used
+                    .fetch_add(new_rows * table.row_bytes(), Ordering::Relaxed);
+            }
+            batch.put(Cf::Meta, &rows_key(table.id), &total.to_le_bytes());
+        }
+        Ok(out)
     }
 }
 

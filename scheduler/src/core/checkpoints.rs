@@ -8,6 +8,11 @@ use std::path::PathBuf;
 use tokio::time::Instant;
 
 use super::{Scheduler, unix_ms};
+
+/// How long the ticker waits before trying a failed scheduled checkpoint again: doubling from
+/// the first, up to the last.
+const RETRY_FIRST: std::time::Duration = std::time::Duration::from_millis(500);
+const RETRY_MAX: std::time::Duration = std::time::Duration::from_secs(30);
 use crate::error::{Result, SchedError};
 use crate::metrics as m;
 use crate::state::{Job, JobCheckpoint, JobState, ShardCheckpointRef};
@@ -95,6 +100,16 @@ impl Scheduler {
                 boundary.saturating_sub(1)
             };
             j.lift_barrier_after(after);
+            if result.is_ok() {
+                j.checkpoint_failures = 0;
+                j.checkpoint_retry_at = None;
+            } else {
+                let wait = RETRY_FIRST
+                    .saturating_mul(1 << j.checkpoint_failures.min(10))
+                    .min(RETRY_MAX);
+                j.checkpoint_failures = j.checkpoint_failures.saturating_add(1);
+                j.checkpoint_retry_at = Some(Instant::now() + wait);
+            }
         });
         match &result {
             Ok(c) => tracing::info!(job, name = %c.name, clock = c.clock, "checkpoint complete"),
@@ -110,7 +125,13 @@ impl Scheduler {
                 && j.workers.values().all(|w| !w.live || !w.running)
         })
         .await?;
-        let n = self.with_job(job, |j, _| j.checkpoints.len())?;
+        let n = self.with_job(job, |j, _| {
+            let n = j.checkpoint_attempts.max(j.checkpoints.len() as u64);
+            j.checkpoint_attempts = n + 1;
+            n
+        })?;
+        // Recorded before any shard makes a checkpoint of this name (see `checkpoint_attempts`).
+        self.save().await?;
         let name = format!("{job}-c{clock}-{n}");
         let ps = self.shards_client().await?;
         let done = ps.checkpoint(&name).await.map_err(|e| SchedError::Shards {

@@ -148,7 +148,7 @@ impl Scheduler {
                 job.creating_tables = true;
                 create.push(job.spec.name.clone());
             }
-            if job.checkpoint_due() {
+            if job.checkpoint_due() && job.checkpoint_retry_at.is_none_or(|t| now >= t) {
                 due.push(job.spec.name.clone());
             }
             m::min_clock(job.name(), job.clocks.current());

@@ -75,6 +75,23 @@ impl Scheduler {
         Ok((joined, self.shard_map()))
     }
 
+    /// [`Scheduler::join`], with a newly issued worker id saved before it is answered: a
+    /// scheduler killed right after the answer still knows the id when its worker rejoins
+    /// under it (a lazy save could lose it, and the rejoin would be refused).
+    pub async fn join_saved(
+        &self,
+        job: &str,
+        name: &str,
+        id: WorkerId,
+        owner: &str,
+    ) -> Result<(Joined, ShardMap)> {
+        let answer = self.join(job, name, id, owner)?;
+        if id == 0 {
+            self.save().await?;
+        }
+        Ok(answer)
+    }
+
     pub fn worker_heartbeat(
         &self,
         job: &str,

@@ -1,8 +1,8 @@
-//! Tables (create on every shard, describe, list, drop), checkpoints of every shard, and the
-//! shards' statistics.
+//! Tables (create on every shard, describe, list, drop), checkpoints of every shard and their
+//! export, and the shards' statistics.
 
 use ps_core::status::ShardStats;
-use ps_core::{TableKind, TableName, TableSpec};
+use ps_core::{ExportPart, TableKind, TableName, TableSpec};
 use ps_proto::v1 as pb;
 
 use crate::{ClientError, PsClient, ShardCheckpoint};
@@ -11,7 +11,77 @@ pub(crate) fn table_name(name: &str) -> Result<TableName, ClientError> {
     TableName::try_from(name).map_err(|e| ClientError::InvalidInput(e.to_string()))
 }
 
+/// The parts of one shard's export, as they arrive ([`PsClient::export_checkpoint`]).
+pub struct ExportStream {
+    shard: usize,
+    endpoint: String,
+    parts: tonic::Streaming<pb::ExportPart>,
+}
+
+impl std::fmt::Debug for ExportStream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ExportStream")
+            .field("shard", &self.shard)
+            .field("endpoint", &self.endpoint)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ExportStream {
+    /// The next part; `None` once the shard sent everything.
+    pub async fn next(&mut self) -> Result<Option<ExportPart>, ClientError> {
+        match self.parts.message().await {
+            Ok(Some(p)) => ExportPart::try_from(p)
+                .map(Some)
+                .map_err(|e| ClientError::Protocol(format!("shard {}: {e}", self.shard))),
+            Ok(None) => Ok(None),
+            Err(s) => Err(ClientError::from_status(self.shard, &self.endpoint, s)),
+        }
+    }
+}
+
 impl PsClient {
+    /// Starts shard `shard`'s export of its checkpoint `checkpoint` (with `since`, an
+    /// incremental one: the sparse rows changed since that earlier checkpoint, and the keys
+    /// gone) for `tables`, in that order.
+    pub async fn export_checkpoint(
+        &self,
+        shard: usize,
+        checkpoint: &str,
+        since: Option<&str>,
+        tables: &[String],
+    ) -> Result<ExportStream, ClientError> {
+        if shard >= self.inner.num_shards {
+            return Err(ClientError::InvalidInput(format!(
+                "shard {shard} of {}",
+                self.inner.num_shards
+            )));
+        }
+        let req = pb::ExportCheckpointRequest {
+            checkpoint: checkpoint.to_owned(),
+            since: since.unwrap_or_default().to_owned(),
+            tables: tables.to_vec(),
+        };
+        let (endpoint, parts) = self
+            .inner
+            .call_shard(shard, |s, _| {
+                let req = req.clone();
+                let mut c = s.grpc;
+                let endpoint = s.endpoint;
+                async move {
+                    c.export_checkpoint(req)
+                        .await
+                        .map(|r| (endpoint, r.into_inner()))
+                }
+            })
+            .await?;
+        Ok(ExportStream {
+            shard,
+            endpoint,
+            parts,
+        })
+    }
+
     /// Creates a table on every shard (idempotent: the same spec again is fine) and returns the
     /// spec as stored, defaults filled in.
     pub async fn create_table(&self, spec: TableSpec) -> Result<TableSpec, ClientError> {

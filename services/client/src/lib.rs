@@ -51,6 +51,7 @@ use parking_lot::RwLock;
 use ps_core::Partitioner;
 use ps_proto::v1 as pb;
 
+pub use admin::ExportStream;
 pub use auth::{Credentials, Token};
 use compress::Codecs;
 pub use compress::TableCodec;
@@ -146,6 +147,7 @@ impl PsClient {
                 max_request_bytes: i.max_request_bytes,
                 server_version: i.server_version,
                 bulk_port: u16::try_from(i.bulk_port).unwrap_or(0),
+                cache_budget_bytes: i.cache_budget_bytes,
             })
             .collect();
         for (shard, info) in this.shards.get_mut().iter_mut().zip(&this.infos) {

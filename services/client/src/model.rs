@@ -15,6 +15,8 @@ pub struct ShardInfo {
     pub server_version: String,
     /// The shard's bulk-stream port; 0 when it has none.
     pub bulk_port: u16,
+    /// Most bytes of sparse rows the shard keeps in memory; 0 without a store.
+    pub cache_budget_bytes: u64,
 }
 
 /// What a push did, summed over the shards it touched.

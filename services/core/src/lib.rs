@@ -10,6 +10,7 @@
 //! - [`partition`]: the partitioner that clients and shards use identically.
 //! - [`request`]: validated push and pull requests.
 //! - [`job`]: job specs (tables, consistency model, workers, checkpoints), from the wire or TOML.
+//! - [`export`]: the parts of a checkpoint's export for serving.
 //! - [`hash`]: the stable hash functions the partitioner and initializers are built on.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
@@ -20,6 +21,7 @@ compile_error!(
 );
 
 pub mod error;
+pub mod export;
 pub mod hash;
 pub mod init;
 pub mod job;
@@ -31,6 +33,7 @@ pub mod status;
 pub mod table;
 
 pub use error::ValidationError;
+pub use export::ExportPart;
 pub use job::{Consistency, JobSpec, JobTable};
 pub use partition::Partitioner;
 pub use payload::{Encoding, Payload};

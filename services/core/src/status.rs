@@ -221,6 +221,8 @@ pub struct TableStats {
     /// Payload bytes of pushes received and of pulls sent since the shard started.
     pub bytes_received: u64,
     pub bytes_sent: u64,
+    /// Sparse: rows held in memory (the shard's cache) out of `rows`.
+    pub cached_rows: u64,
 }
 
 /// A shard's counters.
@@ -240,6 +242,13 @@ pub struct ShardStats {
     /// Memory the tables' cells take, and the budget they are held within.
     pub memory_bytes: u64,
     pub memory_budget_bytes: u64,
+    /// The sparse-row cache: bytes of rows in memory (part of `memory_bytes`), its budget
+    /// (part of `memory_budget_bytes`), rows found in it, rows read past it, rows evicted.
+    pub cache_bytes: u64,
+    pub cache_budget_bytes: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub cache_evictions: u64,
 }
 
 // Wire conversions: to the wire for the services, from it (checked) for the SDK.
@@ -446,6 +455,7 @@ impl From<TableStats> for pb::TableStats {
             cpu_seconds: t.cpu_seconds,
             bytes_received: t.bytes_received,
             bytes_sent: t.bytes_sent,
+            cached_rows: t.cached_rows,
         }
     }
 }
@@ -464,6 +474,7 @@ impl From<pb::TableStats> for TableStats {
             cpu_seconds: t.cpu_seconds,
             bytes_received: t.bytes_received,
             bytes_sent: t.bytes_sent,
+            cached_rows: t.cached_rows,
         }
     }
 }
@@ -483,6 +494,11 @@ impl From<ShardStats> for pb::GetStatsResponse {
             bulk_calls: s.bulk_calls,
             memory_bytes: s.memory_bytes,
             memory_budget_bytes: s.memory_budget_bytes,
+            cache_bytes: s.cache_bytes,
+            cache_budget_bytes: s.cache_budget_bytes,
+            cache_hits: s.cache_hits,
+            cache_misses: s.cache_misses,
+            cache_evictions: s.cache_evictions,
         }
     }
 }
@@ -502,6 +518,11 @@ impl From<pb::GetStatsResponse> for ShardStats {
             bulk_calls: s.bulk_calls,
             memory_bytes: s.memory_bytes,
             memory_budget_bytes: s.memory_budget_bytes,
+            cache_bytes: s.cache_bytes,
+            cache_budget_bytes: s.cache_budget_bytes,
+            cache_hits: s.cache_hits,
+            cache_misses: s.cache_misses,
+            cache_evictions: s.cache_evictions,
         }
     }
 }

@@ -98,7 +98,7 @@ pub fn allowed(path: &str) -> Option<&'static [Role]> {
             "PushDense" | "PushSparse" => &[Worker],
             "PullDense" | "PullSparse" => &[Worker, Reader],
             "CreateTable" | "DropTable" | "Checkpoint" | "RestoreCheckpoint" => &[Operator],
-            "GetStats" => &[Operator, Reader],
+            "GetStats" | "ExportCheckpoint" => &[Operator, Reader],
             _ => NONE,
         },
         ("ps.v1.Scheduler", m) => match m {
