@@ -12,6 +12,10 @@ pub fn describe() {
     );
     describe_counter!("ps_push_values_total", "Gradient values applied, by table.");
     describe_counter!(
+        "ps_sparse_rows_total",
+        "Sparse rows stored (outcome admitted), and pushes of an id not yet stored held back by admission (outcome held_back), by table."
+    );
+    describe_counter!(
         "ps_push_skipped_non_finite_total",
         "Rows or chunks skipped for NaN or infinity, by table."
     );
@@ -98,7 +102,21 @@ pub fn table_loaded(spec: &ps_core::TableSpec) {
     counter!("ps_push_values_total", "table" => table.clone()).increment(0);
     counter!("ps_push_skipped_non_finite_total", "table" => table.clone()).increment(0);
     counter!("ps_pull_requests_total", "table" => table.clone(), "kind" => kind).increment(0);
+    if kind == "sparse" {
+        for outcome in ["admitted", "held_back"] {
+            counter!("ps_sparse_rows_total", "table" => table.clone(), "outcome" => outcome)
+                .increment(0);
+        }
+    }
     counter!("ps_pull_values_total", "table" => table).increment(0);
+}
+
+/// Counts sparse rows a push stored, and ids it held back for admission.
+pub fn rows_admission(table: &str, admitted: u64, held_back: u64) {
+    counter!("ps_sparse_rows_total", "table" => table.to_owned(), "outcome" => "admitted")
+        .increment(admitted);
+    counter!("ps_sparse_rows_total", "table" => table.to_owned(), "outcome" => "held_back")
+        .increment(held_back);
 }
 
 /// Counts a push the writer answered: applied or a duplicate, with its values.

@@ -74,7 +74,10 @@ fn dense_spec(name: &str, len: u64, chunk: u64, non_finite: pb::NonFinitePolicy)
 
 fn sparse_spec(name: &str, dim: u32, non_finite: pb::NonFinitePolicy) -> pb::TableSpec {
     pb::TableSpec {
-        kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec { dim })),
+        kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec {
+            dim,
+            admit_after: 0,
+        })),
         ..dense_spec(name, 1, 0, non_finite)
     }
 }
@@ -610,7 +613,10 @@ async fn every_optimizer_runs_end_to_end_and_survives_a_restart() {
             let init = if *name == "ftrl" { 0.0 } else { 1.0 };
             let spec = pb::TableSpec {
                 name: (*name).into(),
-                kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec { dim: 1 })),
+                kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec {
+                    dim: 1,
+                    admit_after: 0,
+                })),
                 optimizer: Some(pb::Optimizer { kind: Some(*kind) }),
                 initializer: Some(pb::Initializer {
                     kind: Some(pb::initializer::Kind::Uniform(pb::Uniform {
@@ -1020,5 +1026,92 @@ async fn an_export_streams_a_checkpoint_or_its_changes_and_refuses_bad_requests(
     std::fs::remove_file(&sst).unwrap();
     std::fs::write(&sst, bytes).unwrap();
     assert_eq!(code(export(c, "b", "", &["e"]).await), Code::DataLoss);
+    shard.stop().await;
+}
+
+/// Admission by frequency: an id's row is stored on its third push (`admit_after = 3`); the
+/// pushes before are acknowledged but change nothing (pulls get the initializer's value), a
+/// retried push counts once, ids already stored are never held back, and DescribeTable shows
+/// the policy and what it did. A threshold past the sketch's range is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admission_stores_an_id_from_its_nth_push() {
+    let mut shard = start(64 << 20).await;
+    let c = &mut shard.client;
+    let mut spec = sparse_spec("adm", 2, pb::NonFinitePolicy::Reject);
+    if let Some(pb::table_spec::Kind::Sparse(s)) = &mut spec.kind {
+        s.admit_after = 3;
+    }
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(spec.clone()),
+    })
+    .await
+    .unwrap();
+    let (ids, _) = ids_for("adm");
+    let (a, b) = (ids[0], ids[1]);
+    let push = |ids: Vec<u64>, push_id: Option<pb::PushId>| pb::PushSparseRequest {
+        table: "adm".into(),
+        push_id,
+        map_epoch: 0,
+        values: Some(f32s(&vec![1.0; ids.len() * 2])),
+        ids,
+    };
+    let pull = |ids: Vec<u64>| pb::PullSparseRequest {
+        table: "adm".into(),
+        ids,
+        ..Default::default()
+    };
+    // Two pushes of `a` (the second one sent twice: a retry), one of `b`: nothing stored yet.
+    c.push_sparse(push(vec![a, b], push_id())).await.unwrap();
+    let second = push_id();
+    c.push_sparse(push(vec![a], second)).await.unwrap();
+    let retry = c
+        .push_sparse(push(vec![a], second))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(retry.duplicate);
+    let got = c.pull_sparse(pull(vec![a, b])).await.unwrap().into_inner();
+    assert_eq!(decode(&got.values.unwrap()), [0.0; 4]);
+    // The third push of `a` stores it with that push's gradient; `b` is still held back.
+    let third = c
+        .push_sparse(push(vec![a, b], push_id()))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(third.applied_values, 2);
+    let got = c.pull_sparse(pull(vec![a, b])).await.unwrap().into_inner();
+    assert_eq!(decode(&got.values.unwrap()), [-1.0, -1.0, 0.0, 0.0]);
+    // Once stored, every push applies.
+    c.push_sparse(push(vec![a], push_id())).await.unwrap();
+    let got = c.pull_sparse(pull(vec![a])).await.unwrap().into_inner();
+    assert_eq!(decode(&got.values.unwrap()), [-2.0, -2.0]);
+
+    let d = c
+        .describe_table(pb::DescribeTableRequest { name: "adm".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(pb::table_spec::Kind::Sparse(s)) = d.spec.unwrap().kind else {
+        panic!("a sparse spec");
+    };
+    assert_eq!(s.admit_after, 3);
+    let stats = d.stats.unwrap();
+    assert_eq!(
+        (stats.rows, stats.rows_admitted, stats.rows_held_back),
+        (1, 1, 4),
+        "{stats:?}"
+    );
+
+    let mut big = spec;
+    big.name = "adm-big".into();
+    if let Some(pb::table_spec::Kind::Sparse(s)) = &mut big.kind {
+        s.admit_after = 1_000_000;
+    }
+    let e = c
+        .create_table(pb::CreateTableRequest { spec: Some(big) })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("admit_after"), "{e:?}");
     shard.stop().await;
 }

@@ -25,6 +25,7 @@
 //! - [`dedup`], [`keys`]: applied push ids and the stored keys.
 
 mod admin;
+mod admission;
 mod dedup;
 mod dense;
 mod error;

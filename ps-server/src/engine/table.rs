@@ -136,6 +136,9 @@ pub(super) struct TableCounters {
     pub(super) cpu_ns: AtomicU64,
     pub(super) bytes_received: AtomicU64,
     pub(super) bytes_sent: AtomicU64,
+    /// Sparse rows stored, and pushes of an id held back by admission.
+    pub(super) rows_admitted: AtomicU64,
+    pub(super) rows_held_back: AtomicU64,
 }
 
 /// The calling thread's CPU time at one moment: [`Table::charge`] adds what the thread spent
@@ -164,6 +167,8 @@ pub struct Table {
     pub(super) data: TableData,
     pub(super) dropped: AtomicBool,
     pub(super) counters: TableCounters,
+    /// Admission by frequency (sparse tables with `admit_after` > 1).
+    pub(super) admission: Option<super::admission::Admission>,
     /// Bytes of the dense cells this shard holds (fixed at creation).
     dense_bytes: u64,
 }
@@ -195,6 +200,10 @@ impl Table {
                 .sum(),
             TableData::Sparse(_) => 0,
         };
+        let admission = match &spec.kind {
+            TableKind::Sparse { .. } => super::admission::Admission::new(spec.admit_after),
+            TableKind::Dense(_) => None,
+        };
         Self {
             id,
             spec,
@@ -203,6 +212,7 @@ impl Table {
             dense_bytes,
             dropped: AtomicBool::new(false),
             counters: TableCounters::default(),
+            admission,
         }
     }
 
@@ -233,6 +243,8 @@ impl Table {
                 TableData::Dense(_) => 0,
                 TableData::Sparse(rows) => rows.cached(),
             },
+            rows_admitted: self.counters.rows_admitted.load(Ordering::Relaxed),
+            rows_held_back: self.counters.rows_held_back.load(Ordering::Relaxed),
         }
     }
 

@@ -333,6 +333,7 @@ impl<S: Store> Inner<S> {
             .counted((order.len() - missing.len()) as u64, missing.len() as u64);
         let mut scratch = Vec::new();
         let mut new_rows = 0u64;
+        let mut held_back = 0u64;
         for (&id, g) in order.iter().zip(combined.chunks_exact(dim)) {
             if table.spec.non_finite == NonFinitePolicy::Skip && g.iter().any(|v| !v.is_finite()) {
                 out.skipped_non_finite += 1;
@@ -343,6 +344,11 @@ impl<S: Store> Inner<S> {
                 let cell = match fetched.remove(&id) {
                     Some(cell) => cell,
                     None => {
+                        // A new id: stored only once admission lets it in.
+                        if table.admission.as_ref().is_some_and(|a| !a.admit(id)) {
+                            held_back += 1;
+                            continue;
+                        }
                         new_rows += 1;
                         Cell::fresh(&table.spec, table.hash, id, dim)
                     }
@@ -354,7 +360,20 @@ impl<S: Store> Inner<S> {
                 out.applied_values += dim as u64;
             }
         }
+        if held_back + new_rows > 0 {
+            crate::metrics::rows_admission(table.spec.name.as_str(), new_rows, held_back);
+        }
+        if held_back > 0 {
+            table
+                .counters
+                .rows_held_back
+                .fetch_add(held_back, Ordering::Relaxed);
+        }
         if new_rows > 0 {
+            table
+                .counters
+                .rows_admitted
+                .fetch_add(new_rows, Ordering::Relaxed);
             let total = rows.add_stored(new_rows);
             if self.cache.budget.is_none() {
                 self.memory_used

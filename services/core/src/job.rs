@@ -418,7 +418,8 @@ impl From<&JobSpec> for pb::JobSpec {
 ///
 /// [[tables]]
 /// name = "softmax/w"
-/// shape = [785, 10]        # dense; `dim = 16` makes a sparse table
+/// shape = [785, 10]        # dense; `dim = 16` makes a sparse table (`admit_after = 3`:
+///                          # an id's row is stored from its third push)
 /// optimizer = "momentum"   # sgd | momentum | adagrad | adam | ftrl
 /// learning_rate = 0.1
 /// momentum = 0.9
@@ -490,6 +491,9 @@ struct TableToml {
     seed: u64,
     /// reject | skip
     non_finite: Option<String>,
+    /// Sparse tables: store an id's row once it was pushed this many times.
+    #[serde(default)]
+    admit_after: u32,
     #[serde(default)]
     codec: String,
 }
@@ -611,6 +615,9 @@ impl TableToml {
                 ));
             }
         };
+        if self.admit_after > 0 {
+            spec = spec.with_admit_after(self.admit_after)?;
+        }
         let codec = parse_codec(&self.codec)?;
         Ok(JobTable {
             spec: spec.validated()?,
@@ -689,6 +696,7 @@ dim = 8
 optimizer = "adagrad"
 init = "normal"
 seed = 7
+admit_after = 4
 "#;
 
     #[test]
@@ -697,6 +705,7 @@ seed = 7
         assert_eq!(spec.consistency, Consistency::Ssp(2));
         assert_eq!(spec.data_shards, 3, "defaults to num_workers");
         assert_eq!(spec.tables[0].codec, Codec::F16);
+        assert_eq!(spec.tables[1].spec.admit_after, 4);
         let back = JobSpec::try_from(pb::JobSpec::from(&spec)).unwrap();
         assert_eq!(back, spec);
     }
@@ -729,6 +738,10 @@ seed = 7
                 "not a consistency model",
             ),
             (JOB.replace("\"fp16\"", "\"fp12\""), "codec"),
+            (
+                JOB.replace("codec = \"fp16\"", "admit_after = 2"),
+                "admission is for sparse tables",
+            ),
             (
                 JOB.replace("global_batch = 300", "global_batch = 2"),
                 "at least one",

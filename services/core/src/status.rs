@@ -223,6 +223,10 @@ pub struct TableStats {
     pub bytes_sent: u64,
     /// Sparse: rows held in memory (the shard's cache) out of `rows`.
     pub cached_rows: u64,
+    /// Sparse: rows stored since the shard started, and pushes of an id held back by
+    /// admission (`TableSpec::admit_after`) since it started.
+    pub rows_admitted: u64,
+    pub rows_held_back: u64,
 }
 
 /// A shard's counters.
@@ -456,6 +460,8 @@ impl From<TableStats> for pb::TableStats {
             bytes_received: t.bytes_received,
             bytes_sent: t.bytes_sent,
             cached_rows: t.cached_rows,
+            rows_admitted: t.rows_admitted,
+            rows_held_back: t.rows_held_back,
         }
     }
 }
@@ -475,6 +481,8 @@ impl From<pb::TableStats> for TableStats {
             bytes_received: t.bytes_received,
             bytes_sent: t.bytes_sent,
             cached_rows: t.cached_rows,
+            rows_admitted: t.rows_admitted,
+            rows_held_back: t.rows_held_back,
         }
     }
 }

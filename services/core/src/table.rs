@@ -370,7 +370,14 @@ pub struct TableSpec {
     pub optimizer: Optimizer,
     pub initializer: Initializer,
     pub non_finite: NonFinitePolicy,
+    /// Sparse tables: an id's row is stored only once the id was pushed this many times (0 and
+    /// 1: on its first push). See `SparseSpec.admit_after`.
+    #[serde(default)]
+    pub admit_after: u32,
 }
+
+/// The most pushes admission may wait for: the sketch counts to `u16::MAX`.
+pub const MAX_ADMIT_AFTER: u32 = 10_000;
 
 impl TableSpec {
     /// A dense table of `shape` with SGD at 0.01 and zeros; chain the setters to change them.
@@ -384,6 +391,7 @@ impl TableSpec {
             optimizer: Optimizer::sgd(0.01),
             initializer: Initializer::ZEROS,
             non_finite: NonFinitePolicy::Reject,
+            admit_after: 0,
         }
         .validated()
     }
@@ -396,6 +404,7 @@ impl TableSpec {
             optimizer: Optimizer::sgd(0.01),
             initializer: Initializer::ZEROS,
             non_finite: NonFinitePolicy::Reject,
+            admit_after: 0,
         }
         .validated()
     }
@@ -414,6 +423,12 @@ impl TableSpec {
         if let TableKind::Dense(d) = &mut self.kind {
             d.chunk_elems = chunk_elems;
         }
+        self.validated()
+    }
+
+    /// Stores an id's row only once the id was pushed `n` times (sparse tables).
+    pub fn with_admit_after(mut self, n: u32) -> Result<Self, ValidationError> {
+        self.admit_after = n;
         self.validated()
     }
 
@@ -471,12 +486,27 @@ impl TableSpec {
                         "FTRL-proximal is for sparse tables; use sgd, momentum, adagrad or adam",
                     ));
                 }
+                if self.admit_after > 1 {
+                    return Err(ValidationError::new(
+                        "sparse.admit_after",
+                        "admission is for sparse tables; every dense value is stored",
+                    ));
+                }
             }
             TableKind::Sparse { dim } => {
                 if *dim == 0 || *dim > MAX_SPARSE_DIM {
                     return Err(ValidationError::new(
                         "sparse.dim",
                         format!("must be in 1..={MAX_SPARSE_DIM}, got {dim}"),
+                    ));
+                }
+                if self.admit_after > MAX_ADMIT_AFTER {
+                    return Err(ValidationError::new(
+                        "sparse.admit_after",
+                        format!(
+                            "must be at most {MAX_ADMIT_AFTER}, got {}",
+                            self.admit_after
+                        ),
                     ));
                 }
             }
@@ -509,6 +539,11 @@ impl TableSpec {
                 "non_finite {:?} vs {:?}",
                 self.non_finite, other.non_finite
             ))
+        } else if self.admit_after.max(1) != other.admit_after.max(1) {
+            Some(format!(
+                "admit_after {} vs {}",
+                self.admit_after, other.admit_after
+            ))
         } else {
             None
         }
@@ -523,6 +558,7 @@ impl TryFrom<pb::TableSpec> for TableSpec {
 
     fn try_from(p: pb::TableSpec) -> Result<Self, Self::Error> {
         let name = TableName::try_from(p.name)?;
+        let mut admit_after = 0;
         let kind = match p.kind {
             Some(pb::table_spec::Kind::Dense(d)) => TableKind::Dense(DenseShape {
                 shape: d.shape,
@@ -532,7 +568,10 @@ impl TryFrom<pb::TableSpec> for TableSpec {
                     d.chunk_elems
                 },
             }),
-            Some(pb::table_spec::Kind::Sparse(s)) => TableKind::Sparse { dim: s.dim },
+            Some(pb::table_spec::Kind::Sparse(s)) => {
+                admit_after = s.admit_after;
+                TableKind::Sparse { dim: s.dim }
+            }
             None => {
                 return Err(ValidationError::new(
                     "kind",
@@ -608,6 +647,7 @@ impl TryFrom<pb::TableSpec> for TableSpec {
             optimizer,
             initializer,
             non_finite,
+            admit_after,
         }
         .validated()
         .map_err(|e| e.within("spec"))
@@ -621,7 +661,10 @@ impl From<&TableSpec> for pb::TableSpec {
                 shape: d.shape.clone(),
                 chunk_elems: d.chunk_elems,
             }),
-            TableKind::Sparse { dim } => pb::table_spec::Kind::Sparse(pb::SparseSpec { dim: *dim }),
+            TableKind::Sparse { dim } => pb::table_spec::Kind::Sparse(pb::SparseSpec {
+                dim: *dim,
+                admit_after: s.admit_after,
+            }),
         };
         let optimizer = match s.optimizer {
             Optimizer::Sgd { learning_rate } => pb::optimizer::Kind::Sgd(pb::Sgd { learning_rate }),
