@@ -104,15 +104,27 @@ pub struct ExportArgs<'a> {
     pub since: Option<&'a str>,
 }
 
+/// A checkpoint the job does not have (psctl exits 4 on it).
+#[derive(Debug)]
+pub struct NoSuchCheckpoint(pub String);
+
+impl std::fmt::Display for NoSuchCheckpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for NoSuchCheckpoint {}
+
 fn find<'a>(cks: &'a [JobCheckpoint], job: &str, name: &str) -> anyhow::Result<&'a JobCheckpoint> {
-    cks.iter().find(|c| c.name == name).with_context(|| {
-        format!(
+    cks.iter().find(|c| c.name == name).ok_or_else(|| {
+        anyhow::Error::new(NoSuchCheckpoint(format!(
             "job `{job}` has no checkpoint `{name}` (it has: {})",
             cks.iter()
                 .map(|c| c.name.as_str())
                 .collect::<Vec<_>>()
                 .join(", ")
-        )
+        )))
     })
 }
 

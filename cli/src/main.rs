@@ -152,6 +152,10 @@ async fn main() -> ExitCode {
     let span = tracing::info_span!("psctl", command = cli.cmd.name());
     match tracing::Instrument::instrument(run(&cli), span).await {
         Ok(()) => ExitCode::SUCCESS,
+        Err(Failure::NotFound(m)) => {
+            eprintln!("psctl: {m}");
+            ExitCode::from(EXIT_NOT_FOUND)
+        }
         Err(Failure::Usage(m)) => {
             eprintln!("psctl: {m}");
             ExitCode::from(EXIT_USAGE)
@@ -182,6 +186,7 @@ async fn main() -> ExitCode {
 
 enum Failure {
     Usage(String),
+    NotFound(String),
     Other(String),
     Client(ClientError),
 }
@@ -338,6 +343,9 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                 since: since.as_deref(),
             };
             let m = ps_cli::export::run(&s, &ps, &args).await.map_err(|e| {
+                if let Some(n) = e.downcast_ref::<ps_cli::export::NoSuchCheckpoint>() {
+                    return Failure::NotFound(format!("export: {n}"));
+                }
                 match e.downcast::<ClientError>() {
                     Ok(c) => Failure::Client(c),
                     Err(e) => Failure::Other(format!("export: {e:#}")),

@@ -162,3 +162,19 @@ pub async fn wait_for_clocks(seen: &Seen, workers: &[usize], clock: u64) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
+
+/// Runs `psctl --scheduler URL ARGS...`; returns its exit code and what it printed (stdout,
+/// then stderr).
+pub fn psctl(scheduler: &str, args: &[&str]) -> (Option<i32>, String) {
+    let out = std::process::Command::new(ps_launch::binary("psctl").unwrap())
+        .args(["--scheduler", scheduler])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.code(), text)
+}

@@ -18,7 +18,7 @@ use ps_core::JobSpec;
 use ps_core::status::JobState;
 use ps_launch::Service;
 use ps_scheduler::Config;
-use ps_tests::{Seen, max_clock, wait_for_clocks};
+use ps_tests::{Seen, max_clock, psctl, wait_for_clocks};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -478,22 +478,6 @@ async fn a_checkpoint_left_on_a_shard_by_an_unrecorded_attempt_does_not_block_th
     assert_eq!(std::fs::read_dir(&left).unwrap().count(), 0);
 }
 
-/// Runs `psctl --scheduler URL args...`; returns its exit status and what it printed.
-fn psctl(url: &str, args: &[&str]) -> (bool, String) {
-    let out = std::process::Command::new(ps_launch::binary("psctl").unwrap())
-        .arg("--scheduler")
-        .arg(url)
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
-}
-
 /// What the export reader in docs/ (Python, standard library only) reads from `dir`, with the
 /// incremental export `apply` applied when given.
 fn read_export(dir: &Path, apply: Option<&Path>) -> serde_json::Value {
@@ -604,7 +588,7 @@ learning_rate = 1.0
     let root = c.dir.path().join("exports");
     let (a, b, inc) = (root.join("c4"), root.join("c8"), root.join("c4-c8"));
     let url = &c.sched.url;
-    let (ok, out) = psctl(
+    let (code, out) = psctl(
         url,
         &[
             "export",
@@ -614,13 +598,13 @@ learning_rate = 1.0
             &cks[0].name,
         ],
     );
-    assert!(ok, "{out}");
-    let (ok, out) = psctl(url, &["export", "exp", b.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{out}");
+    let (code, out) = psctl(url, &["export", "exp", b.to_str().unwrap()]);
     assert!(
-        ok && out.contains(&cks[1].name),
+        code == Some(0) && out.contains(&cks[1].name),
         "the latest by default: {out}"
     );
-    let (ok, out) = psctl(
+    let (code, out) = psctl(
         url,
         &[
             "export",
@@ -630,7 +614,7 @@ learning_rate = 1.0
             &cks[0].name,
         ],
     );
-    assert!(ok && out.contains("incremental"), "{out}");
+    assert!(code == Some(0) && out.contains("incremental"), "{out}");
 
     assert_eq!(read_export(&a, None), expected(4));
     assert_eq!(read_export(&b, None), expected(8));
@@ -650,11 +634,11 @@ learning_rate = 1.0
     // Refusals change nothing: an existing export, a --since after the checkpoint, a
     // checkpoint the job does not have.
     let before = std::fs::read(b.join("manifest.json")).unwrap();
-    let (ok, out) = psctl(url, &["export", "exp", b.to_str().unwrap()]);
-    assert!(!ok && out.contains("not empty"), "{out}");
+    let (code, out) = psctl(url, &["export", "exp", b.to_str().unwrap()]);
+    assert!(code == Some(1) && out.contains("not empty"), "{out}");
     assert_eq!(std::fs::read(b.join("manifest.json")).unwrap(), before);
     let bad = root.join("bad");
-    let (ok, out) = psctl(
+    let (code, out) = psctl(
         url,
         &[
             "export",
@@ -666,8 +650,8 @@ learning_rate = 1.0
             &cks[1].name,
         ],
     );
-    assert!(!ok && out.contains("after"), "{out}");
-    let (ok, out) = psctl(
+    assert!(code == Some(1) && out.contains("after"), "{out}");
+    let (code, out) = psctl(
         url,
         &[
             "export",
@@ -677,7 +661,10 @@ learning_rate = 1.0
             "nope",
         ],
     );
-    assert!(!ok && out.contains("no checkpoint `nope`"), "{out}");
+    assert!(
+        code == Some(4) && out.contains("no checkpoint `nope`"),
+        "{out}"
+    );
     assert!(!bad.join("manifest.json").exists());
 }
 

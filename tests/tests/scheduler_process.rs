@@ -13,7 +13,7 @@ use ps_client::ClientConfig;
 use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
 use ps_core::JobSpec;
 use ps_core::status::JobState;
-use ps_tests::{Seen, max_clock, scheduler_process, shard_process, wait_for_clocks};
+use ps_tests::{Seen, max_clock, psctl, scheduler_process, shard_process, wait_for_clocks};
 
 fn job(name: &str, workers: u32) -> JobSpec {
     JobSpec::from_toml(&format!(
@@ -294,22 +294,6 @@ async fn psctl_exit_codes_say_what_went_wrong() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(err.is_empty(), "{err}");
-}
-
-/// Runs `psctl --scheduler URL ARGS...`; returns its exit code and what it printed (stdout,
-/// then stderr).
-fn psctl(scheduler: &str, args: &[&str]) -> (Option<i32>, String) {
-    let out = Command::new(ps_launch::binary("psctl").unwrap())
-        .args(["--scheduler", scheduler])
-        .args(args)
-        .output()
-        .unwrap();
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.code(), text)
 }
 
 /// `psctl pull`: a dense table read through the scheduler's map, across both shards, as the
