@@ -1005,6 +1005,7 @@ async fn an_export_streams_a_checkpoint_or_its_changes_and_refuses_bad_requests(
         code(export(c, "../b", "", &["e"]).await),
         Code::InvalidArgument
     );
+    assert_eq!(code(export(c, "", "", &["e"]).await), Code::InvalidArgument);
     assert_eq!(code(export(c, "b", "", &[]).await), Code::InvalidArgument);
     assert_eq!(
         code(export(c, "b", "", &["e", "e"]).await),

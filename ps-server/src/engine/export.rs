@@ -42,6 +42,11 @@ struct Opened {
 
 impl Opened {
     fn open(dir: &Path, name: &str) -> Result<Self> {
+        if name.is_empty() {
+            return Err(
+                ps_core::ValidationError::new("checkpoint", "empty; name the checkpoint").into(),
+            );
+        }
         let path = dir.join(super::shard::checkpoint_name(name.to_owned())?);
         if !path.is_dir() {
             return Err(EngineError::NoSuchCheckpoint {
