@@ -17,7 +17,7 @@
 
 use std::collections::HashMap;
 use std::io::Write as _;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, bail, ensure};
 use ps_client::PsClient;
@@ -546,7 +546,7 @@ pub fn describe(m: &Manifest, dir: &Path) -> String {
         m.job,
         m.checkpoint.name,
         m.checkpoint.clock,
-        PathBuf::from(dir).display(),
+        dir.display(),
         m.sparse.len()
     )
 }

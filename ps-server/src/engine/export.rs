@@ -73,10 +73,7 @@ impl Opened {
         let key = table_key(name);
         let mut found = None;
         self.store.multi_get(&[(Cf::Meta, &key)], &mut |_, v| {
-            found = Some(
-                serde_json::from_slice::<StoredTable>(v)
-                    .map_err(|e| StoreError::Corrupt(format!("table record of `{name}`: {e}")))?,
-            );
+            found = Some(StoredTable::read(&key, v)?);
             Ok(())
         })?;
         Ok(found)

@@ -91,6 +91,18 @@ pub(super) struct StoredTable {
     pub(super) spec: TableSpec,
 }
 
+impl StoredTable {
+    /// The record stored under table key `key` (named in the error when it does not parse).
+    pub(super) fn read(key: &[u8], value: &[u8]) -> Result<Self, StoreError> {
+        serde_json::from_slice(value).map_err(|e| {
+            StoreError::Corrupt(format!(
+                "table record {:?}: {e}",
+                String::from_utf8_lossy(key)
+            ))
+        })
+    }
+}
+
 /// Which shard of which cluster a data directory belongs to.
 #[derive(Debug, serde::Serialize, serde::Deserialize, PartialEq)]
 pub(super) struct StoredIdentity {

@@ -30,13 +30,7 @@ impl<S: Store> Inner<S> {
 
         let mut stored = Vec::new();
         self.store.scan(Cf::Meta, &[META_TABLE], &mut |k, v| {
-            let t: StoredTable = serde_json::from_slice(v).map_err(|e| {
-                StoreError::Corrupt(format!(
-                    "table record {:?}: {e}",
-                    String::from_utf8_lossy(k)
-                ))
-            })?;
-            stored.push(t);
+            stored.push(StoredTable::read(k, v)?);
             Ok(())
         })?;
         // Tables load in the order they were created, each within what is left of the memory
