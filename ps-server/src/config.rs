@@ -154,6 +154,8 @@ pub struct ServerConfig {
     pub bulk_frame_timeout: Duration,
     /// Longest a bulk connection may stay open between calls.
     pub bulk_idle_timeout: Duration,
+    /// The time sparse rows are aged by: the system's, or a manual one in tests.
+    pub clock: crate::engine::Clock,
 }
 
 const DEFAULTS: ServiceDefaults = ServiceDefaults {
@@ -187,6 +189,7 @@ impl ServerConfig {
             bulk_budget_bytes: 256 << 20,
             bulk_frame_timeout: Duration::from_secs(10),
             bulk_idle_timeout: Duration::from_secs(600),
+            clock: crate::engine::Clock::system(),
         }
     }
 
@@ -236,6 +239,7 @@ impl ServerConfig {
             bulk_idle_timeout: file
                 .bulk_idle_timeout_s
                 .map_or(d.bulk_idle_timeout, Duration::from_secs),
+            clock: d.clock,
         };
         cfg.cache_bytes = match args.cache_mib.or(file.cache_mib) {
             Some(0) => anyhow::bail!("--cache-mib must be at least 1"),

@@ -170,6 +170,7 @@ async fn serve<S: Store>(
         cache_bytes: cfg.cache_bytes,
         job_quota: cfg.job_quota,
         max_answer_bytes: cfg.max_answer_bytes,
+        clock: cfg.clock.clone(),
     };
     let engine = tokio::task::spawn_blocking(move || Engine::open(store, engine_cfg)).await??;
     tracing::info!(

@@ -119,6 +119,14 @@ pub fn rows_admission(table: &str, admitted: u64, held_back: u64) {
         .increment(held_back);
 }
 
+/// Counts rows a sparse table evicted: by age (`expired`) or past its row cap (`capped`).
+pub fn rows_evicted(table: &str, expired: u64, capped: u64) {
+    counter!("ps_sparse_rows_total", "table" => table.to_owned(), "outcome" => "expired")
+        .increment(expired);
+    counter!("ps_sparse_rows_total", "table" => table.to_owned(), "outcome" => "capped")
+        .increment(capped);
+}
+
 /// Counts a push the writer answered: applied or a duplicate, with its values.
 pub fn push_done(table: &str, kind: &'static str, duplicate: bool, applied: u64, skipped: u64) {
     let outcome = if duplicate { "duplicate" } else { "applied" };

@@ -14,23 +14,28 @@ use rocksdb::{
 /// Length of a cell's key in the parameter and optimizer column families (table id, index).
 pub const CELL_KEY_LEN: usize = 12;
 
-/// The column families: parameters, optimizer state, and metadata (table specs, applied push
-/// ids, the shard's identity).
+/// The column families: parameters, optimizer state, metadata (table specs, applied push
+/// ids, the shard's identity), and, for sparse tables that evict rows, each row's last push
+/// time by row (`Touched`) and the rows by that time (`ByAge`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cf {
     Params,
     Optim,
     Meta,
+    Touched,
+    ByAge,
 }
 
 impl Cf {
-    pub const ALL: [Cf; 3] = [Cf::Params, Cf::Optim, Cf::Meta];
+    pub const ALL: [Cf; 5] = [Cf::Params, Cf::Optim, Cf::Meta, Cf::Touched, Cf::ByAge];
 
     pub fn name(self) -> &'static str {
         match self {
             Cf::Params => "params",
             Cf::Optim => "optim",
             Cf::Meta => "meta",
+            Cf::Touched => "touched",
+            Cf::ByAge => "by_age",
         }
     }
 }
@@ -52,6 +57,9 @@ pub enum StoreError {
 
 /// Called for each key and value of a scan; an error stops the scan.
 pub type Visitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<(), StoreError> + 'a;
+
+/// Called for each key and value of a [`Store::scan_range`]; `false` stops the scan.
+pub type RangeVisitor<'a> = dyn FnMut(&[u8], &[u8]) -> Result<bool, StoreError> + 'a;
 
 /// Called with the position and value of each key a [`Store::multi_get`] found.
 pub type Found<'a> = dyn FnMut(usize, &[u8]) -> Result<(), StoreError> + 'a;
@@ -79,6 +87,14 @@ pub trait Store: Send + Sync + 'static {
     fn multi_get(&self, keys: &[(Cf, &[u8])], found: &mut Found<'_>) -> Result<(), StoreError>;
     /// Calls `visit` for every key starting with `prefix`, in key order.
     fn scan(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<(), StoreError>;
+    /// Calls `visit` for every key in `[from, to)`, in key order, until it returns `false`.
+    fn scan_range(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        visit: &mut RangeVisitor<'_>,
+    ) -> Result<(), StoreError>;
     /// Writes a consistent snapshot to `dir` (which must not exist); returns its sequence number.
     fn checkpoint(&self, dir: &Path) -> Result<u64, StoreError>;
     /// Estimated bytes of live data.
@@ -196,6 +212,8 @@ impl RocksStore {
                 // Metadata is read only at start-up, by scans: an append-only vector, sorted
                 // when flushed, takes its writes (push ids) cheapest.
                 o.set_memtable_factory(MemtableFactory::Vector);
+            } else if cf == Cf::ByAge {
+                // Read by range from the oldest entry: the default skip list keeps key order.
             } else {
                 // Cells are written at random keys and read by key: a hash table of keys
                 // (the prefix is the whole 12-byte key), O(1) for both, where a skip list's
@@ -208,10 +226,17 @@ impl RocksStore {
             }
             o
         };
-        let cfs = Cf::ALL.map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_opts(cf)));
         let db = if read_only {
+            // A database written before a column family existed (an older checkpoint) opens
+            // without it: reads of it then fail with `Corrupt`, the others work.
+            let present = DB::list_cf(&db_opts, path).map_err(err)?;
+            let cfs = Cf::ALL
+                .into_iter()
+                .filter(|cf| present.iter().any(|p| p == cf.name()))
+                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_opts(cf)));
             DB::open_cf_descriptors_read_only(&db_opts, path, cfs, false).map_err(err)?
         } else {
+            let cfs = Cf::ALL.map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_opts(cf)));
             DB::open_cf_descriptors(&db_opts, path, cfs).map_err(err)?
         };
         Ok(Self {
@@ -227,6 +252,35 @@ impl RocksStore {
             path: self.path.display().to_string(),
             source,
         }
+    }
+
+    /// Calls `visit` for the keys from `from` (below `to`, when given) in key order, whatever
+    /// the column family's prefix extractor, until it returns `false`.
+    fn iterate(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: Option<&[u8]>,
+        visit: &mut RangeVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        let mut ro = rocksdb::ReadOptions::default();
+        ro.set_total_order_seek(true);
+        if let Some(to) = to {
+            // The bound stops the iterator at `to` without stepping over deleted keys past it.
+            ro.set_iterate_upper_bound(to.to_vec());
+        }
+        let it = self.db.iterator_cf_opt(
+            self.cf(cf)?,
+            ro,
+            rocksdb::IteratorMode::From(from, rocksdb::Direction::Forward),
+        );
+        for item in it {
+            let (k, v) = item.map_err(|e| self.err(e))?;
+            if !visit(&k, &v)? {
+                break;
+            }
+        }
+        Ok(())
     }
 
     fn cf(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StoreError> {
@@ -312,22 +366,22 @@ impl Store for RocksStore {
     }
 
     fn scan(&self, cf: Cf, prefix: &[u8], visit: &mut Visitor<'_>) -> Result<(), StoreError> {
-        // Keys in key order whatever the prefix extractor (see `open`).
-        let mut ro = rocksdb::ReadOptions::default();
-        ro.set_total_order_seek(true);
-        let it = self.db.iterator_cf_opt(
-            self.cf(cf)?,
-            ro,
-            rocksdb::IteratorMode::From(prefix, rocksdb::Direction::Forward),
-        );
-        for item in it {
-            let (k, v) = item.map_err(|e| self.err(e))?;
+        self.iterate(cf, prefix, None, &mut |k, v| {
             if !k.starts_with(prefix) {
-                break;
+                return Ok(false);
             }
-            visit(&k, &v)?;
-        }
-        Ok(())
+            visit(k, v).map(|()| true)
+        })
+    }
+
+    fn scan_range(
+        &self,
+        cf: Cf,
+        from: &[u8],
+        to: &[u8],
+        visit: &mut RangeVisitor<'_>,
+    ) -> Result<(), StoreError> {
+        self.iterate(cf, from, Some(to), visit)
     }
 
     fn checkpoint(&self, dir: &Path) -> Result<u64, StoreError> {
@@ -423,6 +477,16 @@ impl Store for MemoryStore {
     }
 
     fn scan(&self, _: Cf, _: &[u8], _: &mut Visitor<'_>) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    fn scan_range(
+        &self,
+        _: Cf,
+        _: &[u8],
+        _: &[u8],
+        _: &mut RangeVisitor<'_>,
+    ) -> Result<(), StoreError> {
         Ok(())
     }
 

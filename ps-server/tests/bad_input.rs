@@ -18,8 +18,19 @@ struct Shard {
 
 async fn start(max_request_bytes: usize) -> Shard {
     let dir = tempfile::tempdir().unwrap();
+    start_in(dir, max_request_bytes, ps_server::engine::Clock::system()).await
+}
+
+/// Starts shard 0 of a 2-shard map on `dir` (new, or left by [`Shard::stop_keeping`]), its
+/// rows aged by `clock`.
+async fn start_in(
+    dir: tempfile::TempDir,
+    max_request_bytes: usize,
+    clock: ps_server::engine::Clock,
+) -> Shard {
     let mut cfg = ServerConfig::local(Some(dir.path().to_owned()));
     cfg.max_request_bytes = max_request_bytes;
+    cfg.clock = clock;
     // Two shards in the map; this is shard 0, so some ids and chunks belong elsewhere.
     cfg.num_shards = 2;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -41,8 +52,14 @@ async fn start(max_request_bytes: usize) -> Shard {
 
 impl Shard {
     async fn stop(self) {
+        self.stop_keeping().await;
+    }
+
+    /// Stops the shard and hands back its data directory.
+    async fn stop_keeping(self) -> tempfile::TempDir {
         self.shutdown.cancel();
         self.task.await.unwrap().unwrap();
+        self._dir
     }
 }
 
@@ -76,7 +93,7 @@ fn sparse_spec(name: &str, dim: u32, non_finite: pb::NonFinitePolicy) -> pb::Tab
     pb::TableSpec {
         kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec {
             dim,
-            admit_after: 0,
+            ..Default::default()
         })),
         ..dense_spec(name, 1, 0, non_finite)
     }
@@ -96,12 +113,18 @@ fn push_id() -> Option<pb::PushId> {
 fn ids_for(name: &str) -> (Vec<u64>, u64) {
     let p = ps_core::Partitioner::new(2, ps_core::partition::DEFAULT_VIRTUAL_NODES);
     let h = ps_core::hash::fnv1a(name.as_bytes());
-    let mine = (0..)
-        .filter(|&i| p.shard_for_id(h, i) == 0)
-        .take(3)
-        .collect();
     let other = (0..).find(|&i| p.shard_for_id(h, i) == 1).unwrap();
-    (mine, other)
+    (owned_ids(name, 3), other)
+}
+
+/// The first `n` ids of table `name` that shard 0 of a 2-shard map owns.
+fn owned_ids(name: &str, n: usize) -> Vec<u64> {
+    let p = ps_core::Partitioner::new(2, ps_core::partition::DEFAULT_VIRTUAL_NODES);
+    let h = ps_core::hash::fnv1a(name.as_bytes());
+    (0..)
+        .filter(|&i| p.shard_for_id(h, i) == 0)
+        .take(n)
+        .collect()
 }
 
 /// Chunks of `name` that shard 0 owns, and one it does not.
@@ -615,7 +638,7 @@ async fn every_optimizer_runs_end_to_end_and_survives_a_restart() {
                 name: (*name).into(),
                 kind: Some(pb::table_spec::Kind::Sparse(pb::SparseSpec {
                     dim: 1,
-                    admit_after: 0,
+                    ..Default::default()
                 })),
                 optimizer: Some(pb::Optimizer { kind: Some(*kind) }),
                 initializer: Some(pb::Initializer {
@@ -1030,6 +1053,25 @@ async fn an_export_streams_a_checkpoint_or_its_changes_and_refuses_bad_requests(
     shard.stop().await;
 }
 
+/// A push of gradient 1.0 to every value of rows `ids` (dim 2) of `table`.
+fn push_ones(table: &str, ids: Vec<u64>, push_id: Option<pb::PushId>) -> pb::PushSparseRequest {
+    pb::PushSparseRequest {
+        table: table.into(),
+        push_id,
+        map_epoch: 0,
+        values: Some(f32s(&vec![1.0; ids.len() * 2])),
+        ids,
+    }
+}
+
+fn pull_rows(table: &str, ids: Vec<u64>) -> pb::PullSparseRequest {
+    pb::PullSparseRequest {
+        table: table.into(),
+        ids,
+        ..Default::default()
+    }
+}
+
 /// Admission by frequency: an id's row is stored on its third push (`admit_after = 3`); the
 /// pushes before are acknowledged but change nothing (pulls get the initializer's value), a
 /// retried push counts once, ids already stored are never held back, and DescribeTable shows
@@ -1049,18 +1091,8 @@ async fn admission_stores_an_id_from_its_nth_push() {
     .unwrap();
     let (ids, _) = ids_for("adm");
     let (a, b) = (ids[0], ids[1]);
-    let push = |ids: Vec<u64>, push_id: Option<pb::PushId>| pb::PushSparseRequest {
-        table: "adm".into(),
-        push_id,
-        map_epoch: 0,
-        values: Some(f32s(&vec![1.0; ids.len() * 2])),
-        ids,
-    };
-    let pull = |ids: Vec<u64>| pb::PullSparseRequest {
-        table: "adm".into(),
-        ids,
-        ..Default::default()
-    };
+    let push = |ids, push_id| push_ones("adm", ids, push_id);
+    let pull = |ids| pull_rows("adm", ids);
     // Two pushes of `a` (the second one sent twice: a retry), one of `b`: nothing stored yet.
     c.push_sparse(push(vec![a, b], push_id())).await.unwrap();
     let second = push_id();
@@ -1114,5 +1146,215 @@ async fn admission_stores_an_id_from_its_nth_push() {
         .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("admit_after"), "{e:?}");
+    shard.stop().await;
+}
+
+/// Waits (up to 20 s) until `table`'s stats on the shard satisfy `done`; returns them.
+async fn stats_when(
+    c: &mut ParameterServerClient<Channel>,
+    table: &str,
+    done: impl Fn(&pb::TableStats) -> bool,
+) -> pb::TableStats {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let stats = c
+            .describe_table(pb::DescribeTableRequest { name: table.into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .stats
+            .unwrap();
+        if done(&stats) {
+            return stats;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "`{table}` never got there: {stats:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+fn sparse_policy(name: &str, ttl_seconds: u64, max_rows: u64) -> pb::TableSpec {
+    let mut spec = sparse_spec(name, 2, pb::NonFinitePolicy::Reject);
+    if let Some(pb::table_spec::Kind::Sparse(s)) = &mut spec.kind {
+        s.ttl_seconds = ttl_seconds;
+        s.max_rows = max_rows;
+    }
+    spec
+}
+
+/// Eviction by age, with the shard's clock paused and moved by hand: a row not pushed for
+/// `ttl_seconds` is deleted (pulls do not keep it alive), the others stay exactly as trained;
+/// an evicted id starts again from the initializer; the ages survive a restart; an incremental
+/// export lists the evicted rows as deleted. Bad policies are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_idle_past_their_ttl_are_evicted_by_the_shards_clock() {
+    let clock = ps_server::engine::Clock::manual(1_000_000);
+    let shard = start_in(tempfile::tempdir().unwrap(), 64 << 20, clock.clone()).await;
+    let mut shard = shard;
+    let c = &mut shard.client;
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(sparse_policy("ttl", 100, 0)),
+    })
+    .await
+    .unwrap();
+    let ids = owned_ids("ttl", 3);
+    let (a, b, d) = (ids[0], ids[1], ids[2]);
+    let push = |ids| push_ones("ttl", ids, push_id());
+    let pull = |ids| pull_rows("ttl", ids);
+    c.push_sparse(push(vec![a, b])).await.unwrap();
+    c.checkpoint(pb::CheckpointRequest {
+        name: "before".into(),
+    })
+    .await
+    .unwrap();
+    clock.advance(60);
+    c.push_sparse(push(vec![a])).await.unwrap();
+    // b is pulled, not pushed: it still ages.
+    c.pull_sparse(pull(vec![b])).await.unwrap();
+    clock.advance(40);
+    // b's 100 s are up (a has 40 of them): the writer's tick evicts b alone.
+    let stats = stats_when(c, "ttl", |s| s.rows_expired > 0).await;
+    assert_eq!(
+        (stats.rows, stats.rows_expired, stats.rows_capped),
+        (1, 1, 0)
+    );
+    let got = c.pull_sparse(pull(vec![a, b])).await.unwrap().into_inner();
+    assert_eq!(decode(&got.values.unwrap()), [-2.0, -2.0, 0.0, 0.0]);
+    c.checkpoint(pb::CheckpointRequest {
+        name: "after".into(),
+    })
+    .await
+    .unwrap();
+    let changed = export(c, "after", "before", &["ttl"]).await.unwrap();
+    assert_eq!(
+        changed[1..],
+        [
+            ps_core::ExportPart::Rows {
+                keys: vec![a],
+                values: vec![-2.0, -2.0]
+            },
+            ps_core::ExportPart::Deleted { keys: vec![b] }
+        ]
+    );
+    // An evicted id starts again; d is new. The ages are stored: after a restart a and d
+    // expire when their time comes, not from the restart.
+    c.push_sparse(push(vec![b, d])).await.unwrap();
+    let dir = shard.stop_keeping().await;
+    let mut shard = start_in(dir, 64 << 20, clock.clone()).await;
+    let c = &mut shard.client;
+    let got = c
+        .pull_sparse(pull(vec![a, b, d]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        decode(&got.values.unwrap()),
+        [-2.0, -2.0, -1.0, -1.0, -1.0, -1.0]
+    );
+    clock.advance(61); // a last pushed 101 s ago, b and d 61 s ago
+    let stats = stats_when(c, "ttl", |s| s.rows_expired > 0).await;
+    assert_eq!((stats.rows, stats.rows_expired), (2, 1), "{stats:?}");
+    clock.advance(40);
+    let stats = stats_when(c, "ttl", |s| s.rows == 0).await;
+    assert_eq!(stats.rows_expired, 3, "{stats:?}");
+    let got = c
+        .pull_sparse(pull(vec![a, b, d]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(decode(&got.values.unwrap()), [0.0; 6]);
+
+    // Policies that cannot be kept are refused, and create nothing.
+    for (spec, field) in [
+        (sparse_policy("bad", 11 * 365 * 86_400, 0), "ttl_seconds"),
+        (sparse_policy("bad", 0, 1 << 50), "max_rows"),
+    ] {
+        let e = c
+            .create_table(pb::CreateTableRequest { spec: Some(spec) })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument);
+        assert!(e.message().contains(field), "{e:?}");
+    }
+    let e = c
+        .describe_table(pb::DescribeTableRequest { name: "bad".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    shard.stop().await;
+
+    // An in-memory shard has no store to keep the ages in: it refuses such tables.
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(ps_server::run(
+        ServerConfig::local(None),
+        listener,
+        None,
+        shutdown.clone(),
+    ));
+    let mut c = ParameterServerClient::connect(url).await.unwrap();
+    let e = c
+        .create_table(pb::CreateTableRequest {
+            spec: Some(sparse_policy("ttl", 100, 0)),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("needs a durable shard"), "{e:?}");
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
+}
+
+/// A hard row cap: each of the 2 shards holds at most ceil(9 / 2) = 5 rows of the table; past
+/// it the least recently pushed rows go (pushing a row again makes it recent), the rest keep
+/// their trained values, and DescribeTable counts what was evicted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_cap_evicts_the_least_recently_pushed_rows() {
+    let clock = ps_server::engine::Clock::manual(2_000_000);
+    let mut shard = start_in(tempfile::tempdir().unwrap(), 64 << 20, clock.clone()).await;
+    let c = &mut shard.client;
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(sparse_policy("cap", 0, 9)),
+    })
+    .await
+    .unwrap();
+    let ids = owned_ids("cap", 7);
+    let push = |ids| push_ones("cap", ids, push_id());
+    // ids[0..5] pushed a second apart, then ids[0] again: ids[1] is now the oldest.
+    for &id in &ids[..5] {
+        c.push_sparse(push(vec![id])).await.unwrap();
+        clock.advance(1);
+    }
+    c.push_sparse(push(vec![ids[0]])).await.unwrap();
+    clock.advance(1);
+    let stats = stats_when(c, "cap", |s| s.rows == 5).await;
+    assert_eq!(stats.rows_capped, 0);
+    // Two new rows: 7 > 5, so the two least recently pushed (ids[1], ids[2]) go.
+    c.push_sparse(push(vec![ids[5], ids[6]])).await.unwrap();
+    let stats = stats_when(c, "cap", |s| s.rows_capped > 0).await;
+    assert_eq!(
+        (stats.rows, stats.rows_capped, stats.rows_expired),
+        (5, 2, 0)
+    );
+    let got = c
+        .pull_sparse(pull_rows("cap", ids.clone()))
+        .await
+        .unwrap()
+        .into_inner();
+    let values = decode(&got.values.unwrap());
+    let rows: Vec<f32> = values.chunks(2).map(|r| r[0]).collect();
+    assert_eq!(rows, [-2.0, 0.0, 0.0, -1.0, -1.0, -1.0, -1.0]);
+    let d = c
+        .describe_table(pb::DescribeTableRequest { name: "cap".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let Some(pb::table_spec::Kind::Sparse(s)) = d.spec.unwrap().kind else {
+        panic!("a sparse spec");
+    };
+    assert_eq!((s.ttl_seconds, s.max_rows), (0, 9));
     shard.stop().await;
 }

@@ -64,7 +64,8 @@ struct Args {
     flood: Option<u32>,
     /// Only the store cases: durable sparse updates per second (dim 64, Adagrad, Zipf 1.05 ids
     /// over --keys) on a ps-server process with the hot set in its row cache and with a cache
-    /// ten times smaller than the table, its resident memory against the cache's budget, and
+    /// ten times smaller than the table, and with the hot set cached on a table that evicts
+    /// rows (a day's TTL and --evict-cap), its resident memory against the cache's budget, and
     /// the time a shard takes to serve again after kill -9 with each of --restart-rows rows.
     #[arg(long)]
     store: bool,
@@ -81,6 +82,9 @@ struct Args {
     /// With --store: only the restart cases.
     #[arg(long)]
     only_restart: bool,
+    /// With --store: the row cap (`max_rows`) of the run on a table that evicts rows.
+    #[arg(long, default_value_t = 1_000_000)]
+    evict_cap: u64,
 }
 
 fn memcpy_gbps() -> f64 {
@@ -314,19 +318,35 @@ async fn dense_case(
     Ok((bytes / elapsed / 1e9, rounds))
 }
 
+/// The sparse cases' table: dim 64, Adagrad, evicting rows by `ttl_seconds` and `max_rows`
+/// (0: never).
+fn sparse_table(ttl_seconds: u64, max_rows: u64) -> anyhow::Result<TableSpec> {
+    Ok(TableSpec::sparse("bench/sparse", 64)?
+        .with_optimizer(Optimizer::adagrad(0.05))?
+        .with_ttl_seconds(ttl_seconds)?
+        .with_max_rows(max_rows)?)
+}
+
 async fn sparse_case(
     endpoints: &[String],
     seconds: f64,
     t: &Transport,
     space: u64,
 ) -> anyhow::Result<(f64, f64, f64)> {
-    let dim = 64;
+    sparse_case_on(endpoints, seconds, t, space, sparse_table(0, 0)?).await
+}
+
+async fn sparse_case_on(
+    endpoints: &[String],
+    seconds: f64,
+    t: &Transport,
+    space: u64,
+    spec: TableSpec,
+) -> anyhow::Result<(f64, f64, f64)> {
+    let dim = spec.row_dim();
     let batch = 4096;
     let ps = PsClient::connect(client_config(endpoints, t)).await?;
-    ps.create_table(
-        TableSpec::sparse("bench/sparse", dim)?.with_optimizer(Optimizer::adagrad(0.05))?,
-    )
-    .await?;
+    ps.create_table(spec).await?;
     let zipf = Zipf::new(space as f64, 1.05)?;
     let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
     // Pre-generate batches so that sampling costs nothing in the timed loop.
@@ -338,7 +358,7 @@ async fn sparse_case(
         .map(|b| b.iter().collect::<std::collections::HashSet<_>>().len() as f64)
         .sum::<f64>()
         / batches.len() as f64;
-    let grads = vec![0.01f32; batch * dim as usize];
+    let grads = vec![0.01f32; batch * dim];
     let in_flight = 4;
     let t = Instant::now();
     let mut pushed = 0usize;
@@ -725,6 +745,28 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
         args.keys,
         stats.tables.iter().map(|t| t.rows).sum::<u64>(),
         hits as f64 / (hits + misses).max(1) as f64,
+        shard.rss() >> 20
+    );
+    drop(ps);
+    drop(shard);
+    // The hot-set run again on a table that evicts: the cost of stamping rows with their last
+    // push (TTL of a day, nothing expires) and of a cap the run keeps passing.
+    let data = dir.path().join("zipf-evict");
+    let shard = ShardProcess::start(&data, big).await?;
+    let endpoints = [shard.endpoint.clone()];
+    let spec = sparse_table(86_400, args.evict_cap)?;
+    sparse_case_on(&endpoints, seconds, &transport, args.keys, spec.clone()).await?;
+    let (keys, unique, per_write) =
+        sparse_case_on(&endpoints, seconds, &transport, args.keys, spec).await?;
+    let ps = PsClient::connect(client_config(&endpoints, &transport)).await?;
+    let stats = ps.stats().await?.remove(0);
+    let table = stats.tables.iter().find(|t| t.name == "bench/sparse");
+    println!(
+        "{{\"case\":\"store_sparse_adagrad_dim64\",\"keys\":{},\"cache\":\"hot set\",\"policy\":\"ttl_seconds 86400, max_rows {}\",\"cache_mib\":{big},\"rows\":{},\"rows_capped\":{},\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2},\"rss_mib\":{}}}",
+        args.keys,
+        args.evict_cap,
+        table.map_or(0, |t| t.rows),
+        table.map_or(0, |t| t.rows_capped),
         shard.rss() >> 20
     );
     drop(ps);

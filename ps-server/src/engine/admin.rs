@@ -107,7 +107,7 @@ impl<S: Store> Inner<S> {
             Cmd::Checkpoint(name, reply) => {
                 let _ = reply.send(self.checkpoint(name));
             }
-            Cmd::Push(..) | Cmd::Stop => {}
+            Cmd::Push(..) | Cmd::EvictRows | Cmd::Stop => {}
         }
     }
 
@@ -125,6 +125,17 @@ impl<S: Store> Inner<S> {
             return Err(self.missing(&spec.name));
         }
         self.check_writable()?;
+        if spec.evicts_rows() && !self.store.durable() {
+            return Err(ValidationError::new(
+                "spec.sparse",
+                format!(
+                    "table `{}` evicts rows (ttl_seconds {}, max_rows {}), which needs a durable \
+                     shard: this one runs in memory (start it with --data-dir)",
+                    spec.name, spec.ttl_seconds, spec.max_rows
+                ),
+            )
+            .into());
+        }
         // A table that cannot be held is refused before its record is written or a cell
         // allocated.
         let needed = footprint(&spec, |chunk| self.owns_chunk(&spec, chunk)).map_err(|why| {
@@ -175,6 +186,8 @@ impl<S: Store> Inner<S> {
         let (from, to) = (id.to_be_bytes(), (id + 1).to_be_bytes());
         batch.delete_range(Cf::Params, &from, &to);
         batch.delete_range(Cf::Optim, &from, &to);
+        batch.delete_range(Cf::Touched, &from, &to);
+        batch.delete_range(Cf::ByAge, &from, &to);
         batch.delete(Cf::Meta, &table_key(name));
         batch.delete(Cf::Meta, &rows_key(id));
         self.write(batch)

@@ -38,6 +38,38 @@ pub(super) fn cell_key(table_id: u32, index: u64) -> [u8; 12] {
     k
 }
 
+/// The `Cf::ByAge` key of row `id` of table `table_id` last pushed at `touched` (seconds since
+/// the Unix epoch): table id, time, id, big-endian, so a table's rows sort oldest first.
+pub(super) fn age_key(table_id: u32, touched: u32, id: u64) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..4].copy_from_slice(&table_id.to_be_bytes());
+    k[4..8].copy_from_slice(&touched.to_be_bytes());
+    k[8..].copy_from_slice(&id.to_be_bytes());
+    k
+}
+
+/// The (time, id) of a `Cf::ByAge` key ([`age_key`]).
+pub(super) fn read_age_key(k: &[u8]) -> Result<(u32, u64), StoreError> {
+    if k.len() != 16 {
+        return Err(StoreError::Corrupt(format!(
+            "a row-age key of {} bytes; expected 16",
+            k.len()
+        )));
+    }
+    let time = u32::from_be_bytes([k[4], k[5], k[6], k[7]]);
+    Ok((time, be_u64(&k[8..])?))
+}
+
+/// A `Cf::Touched` value: the row's last push time, little-endian u32 seconds.
+pub(super) fn read_touched(v: &[u8]) -> Result<u32, StoreError> {
+    v.try_into().map(u32::from_le_bytes).map_err(|_| {
+        StoreError::Corrupt(format!(
+            "a row's push time of {} bytes; expected 4",
+            v.len()
+        ))
+    })
+}
+
 pub(super) fn dedup_key(client: u64, seq: u64) -> [u8; 17] {
     let mut k = [0u8; 17];
     k[0] = META_DEDUP;
@@ -124,6 +156,18 @@ impl std::fmt::Display for StoredIdentity {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn age_keys_sort_by_table_then_time_and_read_back() {
+        assert!(age_key(1, u32::MAX, u64::MAX) < age_key(2, 0, 0));
+        assert!(age_key(1, 255, u64::MAX) < age_key(1, 256, 0));
+        assert_eq!(
+            read_age_key(&age_key(3, 77, 1 << 40)).unwrap(),
+            (77, 1 << 40)
+        );
+        assert!(read_age_key(&[0; 12]).is_err());
+        assert!(read_touched(&[1, 2]).is_err());
+    }
 
     #[test]
     fn dedup_keys_sort_by_client_then_seq() {

@@ -21,6 +21,8 @@
 //! - [`dense`]: when the dense log takes an image or the store a snapshot;
 //! - [`recovery`]: loading the store and replaying the dense log at start-up;
 //! - [`admin`]: create, drop, checkpoint, statistics;
+//! - [`admission`], [`eviction`]: a sparse row's life: stored from its N-th push, deleted when
+//!   idle past its table's TTL or past its row cap;
 //! - [`shard`]: the engine serving now, checkpoints with manifests and restores that swap it;
 //! - [`dedup`], [`keys`]: applied push ids and the stored keys.
 
@@ -29,6 +31,7 @@ mod admission;
 mod dedup;
 mod dense;
 mod error;
+mod eviction;
 mod export;
 mod keys;
 mod read;
@@ -53,6 +56,7 @@ use tokio::sync::{Semaphore, SemaphorePermit, mpsc, oneshot};
 
 pub use admin::CheckpointDone;
 pub use error::{EngineError, Result};
+pub use eviction::Clock;
 pub use export::ExportRequest;
 pub use read::PulledDense;
 pub use routing::MapEpoch;
@@ -96,6 +100,8 @@ pub struct EngineConfig {
     /// Most bytes of sparse rows a durable shard keeps in memory (its cache), out of
     /// `memory_budget`; the store holds every row.
     pub cache_bytes: u64,
+    /// The time sparse rows are stamped with and aged by (TTL and row caps).
+    pub clock: Clock,
 }
 
 /// What one job's tables (named `<job>/...`) may take on a shard; `None`: no limit. Tables
@@ -141,6 +147,8 @@ enum Cmd {
     Create(TableSpec, oneshot::Sender<Result<(TableSpec, bool)>>),
     Drop(TableName, oneshot::Sender<Result<()>>),
     Checkpoint(String, oneshot::Sender<Result<CheckpointDone>>),
+    /// Evict the sparse rows due (sent by a ticker so that an idle shard evicts too).
+    EvictRows,
     /// Finish what came before, then stop the writer.
     Stop,
 }
@@ -268,6 +276,9 @@ impl<S: Store> Engine<S> {
             .name(format!("ps-writer-{}", writer.cfg.shard_index))
             .spawn(move || writer.run_writer(rx))
             .map_err(StoreError::Io)?;
+        if inner.store.durable() {
+            eviction::start_ticker(&tx).map_err(StoreError::Io)?;
+        }
         let units = (inner.cfg.max_queued_bytes / BUDGET_UNIT).clamp(1, Semaphore::MAX_PERMITS);
         Ok(Self {
             inner,

@@ -125,9 +125,13 @@ impl<S: Store> Inner<S> {
 
     /// A table with every owned dense chunk at its initial value (sparse tables start empty).
     pub(super) fn new_table(&self, id: u32, spec: ps_core::TableSpec) -> Table {
-        Table::new(id, spec, |hash, chunk| {
+        let mut table = Table::new(id, spec, |hash, chunk| {
             self.partitioner.shard_for_chunk(hash, chunk) == self.cfg.shard_index
-        })
+        });
+        if self.store.durable() {
+            table.eviction = super::eviction::Eviction::new(&table.spec, self.cfg.num_shards);
+        }
+        table
     }
 
     /// Whether this shard holds chunk `chunk` of the dense table `spec`.

@@ -6,7 +6,9 @@
 //! evicting it loses nothing. Only the writer evicts, and only after its group is written.
 //! Readers fill the cache on a miss only while it has room, and only when no eviction started
 //! since they read the store (the eviction epoch): a row evicted after the writer updated it
-//! is never put back from an older read.
+//! is never put back from an older read. Rows deleted from the store (evicted by age or a row
+//! cap, `eviction.rs`) leave memory the same way: deleted first, then the epoch bumped and
+//! the row removed.
 //!
 //! The policy is CLOCK, swept one lock stripe at a time: a hit sets the row's reference bit,
 //! the sweep clears set bits and evicts rows whose bit was already clear, until the cache is
@@ -14,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
 
@@ -27,18 +29,22 @@ pub(super) const STRIPES: usize = 128;
 
 type Stripe = HashMap<u64, Row, foldhash::fast::RandomState>;
 
-/// A cached row and its reference bit.
+/// A cached row, its reference bit, and (tables that evict rows) when it was last pushed.
 #[derive(Debug)]
 pub(super) struct Row {
     pub(super) cell: Cell,
     referenced: AtomicBool,
+    /// Seconds since the Unix epoch of the row's last push as stored in `Cf::Touched`; 0: none
+    /// stored (a new row, or a table that does not evict rows). Only the writer changes it.
+    pub(super) touched: AtomicU32,
 }
 
 impl Row {
-    pub(super) fn new(cell: Cell) -> Self {
+    pub(super) fn new(cell: Cell, touched: u32) -> Self {
         Self {
             cell,
             referenced: AtomicBool::new(true),
+            touched: AtomicU32::new(touched),
         }
     }
 
@@ -94,14 +100,22 @@ impl Rows {
         self.stripe(id).read().contains_key(&id)
     }
 
-    /// Puts `cell` in memory unless row `id` is there already; true when it was put.
-    pub(super) fn insert_absent(&self, stripe: &mut Stripe, id: u64, cell: Cell) -> bool {
+    /// Puts `row` in memory unless row `id` is there already; true when it was put.
+    pub(super) fn insert_absent(&self, stripe: &mut Stripe, id: u64, row: Row) -> bool {
         if stripe.contains_key(&id) {
             return false;
         }
-        stripe.insert(id, Row::new(cell));
+        stripe.insert(id, row);
         self.cached.fetch_add(1, Ordering::Relaxed);
         true
+    }
+
+    /// Takes row `id` out of memory (the writer, once the store no longer holds it: bump the
+    /// cache's epoch first, see the module's comment).
+    pub(super) fn remove(&self, id: u64) {
+        if self.stripe(id).write().remove(&id).is_some() {
+            self.cached.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Rows in memory.
@@ -121,6 +135,11 @@ impl Rows {
     /// Counts `n` rows new to the table; returns the new total.
     pub(super) fn add_stored(&self, n: u64) -> u64 {
         self.stored.fetch_add(n, Ordering::Relaxed) + n
+    }
+
+    /// Counts `n` rows deleted from the table (only the writer changes the count).
+    pub(super) fn sub_stored(&self, n: u64) {
+        self.stored.fetch_sub(n, Ordering::Relaxed);
     }
 
     /// One CLOCK pass over stripe `index`: rows whose bit is set lose it, the others leave
@@ -173,30 +192,40 @@ impl Cache {
 }
 
 impl<S: Store> Inner<S> {
-    /// Reads rows `ids` of `table` from the store, one consistent read for all of them;
-    /// rows it does not hold are absent from the answer.
+    /// Reads rows `ids` of `table` from the store, one consistent read for all of them (with
+    /// their last push times when the table evicts rows); rows it does not hold are absent
+    /// from the answer.
     pub(super) fn fetch_rows(
         &self,
         table: &Table,
         ids: &[u64],
-    ) -> Result<HashMap<u64, Cell, foldhash::fast::RandomState>, StoreError> {
+    ) -> Result<HashMap<u64, Row, foldhash::fast::RandomState>, StoreError> {
         let mut found = HashMap::with_capacity_and_hasher(ids.len(), Default::default());
         if ids.is_empty() || !self.store.durable() {
             return Ok(found);
         }
         let keys: Vec<[u8; 12]> = ids.iter().map(|&id| table.key(id)).collect();
         let with_state = table.spec.optimizer.state_slots() > 0;
+        let with_touch = table.eviction.is_some();
         let mut reads: Vec<(Cf, &[u8])> = keys.iter().map(|k| (Cf::Params, &k[..])).collect();
         if with_state {
             reads.extend(keys.iter().map(|k| (Cf::Optim, &k[..])));
         }
+        if with_touch {
+            reads.extend(keys.iter().map(|k| (Cf::Touched, &k[..])));
+        }
         let n = ids.len();
         let mut params: Vec<Option<Vec<u8>>> = vec![None; n];
         let mut states: Vec<Option<Vec<u8>>> = vec![None; if with_state { n } else { 0 }];
+        let mut touched = vec![0u32; if with_touch { n } else { 0 }];
+        let touch_from = if with_state { 2 * n } else { n };
         self.store.multi_get(&reads, &mut |i, v| {
-            match i.checked_sub(n) {
-                None => params[i] = Some(v.to_vec()),
-                Some(j) => states[j] = Some(v.to_vec()),
+            if i < n {
+                params[i] = Some(v.to_vec());
+            } else if i < touch_from {
+                states[i - n] = Some(v.to_vec());
+            } else {
+                touched[i - touch_from] = super::keys::read_touched(v)?;
             }
             Ok(())
         })?;
@@ -204,7 +233,9 @@ impl<S: Store> Inner<S> {
         for (i, p) in params.into_iter().enumerate() {
             if let Some(p) = p {
                 let state = states.get(i).and_then(|s| s.as_deref());
-                found.insert(ids[i], Cell::stored(&table.spec, dim, &p, state)?);
+                let cell = Cell::stored(&table.spec, dim, &p, state)?;
+                let at = touched.get(i).copied().unwrap_or(0);
+                found.insert(ids[i], Row::new(cell, at));
             }
         }
         Ok(found)
@@ -230,20 +261,20 @@ impl<S: Store> Inner<S> {
         for &i in missing {
             let out = &mut buf[i * dim..(i + 1) * dim];
             match fetched.get(&ids[i]) {
-                Some(cell) => out.copy_from_slice(&cell.data[..dim]),
+                Some(row) => out.copy_from_slice(&row.cell.data[..dim]),
                 None => table.spec.initializer.fill(table.hash, ids[i], out),
             }
         }
         if fetched.is_empty() || !self.cache_has_room(fetched.len() as u64 * table.row_bytes()) {
             return Ok(());
         }
-        for (id, cell) in fetched.drain() {
+        for (id, row) in fetched.drain() {
             let mut stripe = rows.stripe(id).write();
             // Checked under the stripe's lock: a sweep bumps the epoch before taking one.
             if self.cache.epoch.load(Ordering::SeqCst) != epoch {
                 break;
             }
-            rows.insert_absent(&mut stripe, id, cell);
+            rows.insert_absent(&mut stripe, id, row);
         }
         Ok(())
     }

@@ -139,6 +139,9 @@ pub(super) struct TableCounters {
     /// Sparse rows stored, and pushes of an id held back by admission.
     pub(super) rows_admitted: AtomicU64,
     pub(super) rows_held_back: AtomicU64,
+    /// Sparse rows evicted by age and by the row cap.
+    pub(super) rows_expired: AtomicU64,
+    pub(super) rows_capped: AtomicU64,
 }
 
 /// The calling thread's CPU time at one moment: [`Table::charge`] adds what the thread spent
@@ -169,6 +172,9 @@ pub struct Table {
     pub(super) counters: TableCounters,
     /// Admission by frequency (sparse tables with `admit_after` > 1).
     pub(super) admission: Option<super::admission::Admission>,
+    /// Eviction by age and past a row cap (sparse tables with `ttl_seconds` or `max_rows`, on
+    /// a durable shard); set by the engine, which knows the shard count.
+    pub(super) eviction: Option<super::eviction::Eviction>,
     /// Bytes of the dense cells this shard holds (fixed at creation).
     dense_bytes: u64,
 }
@@ -213,6 +219,7 @@ impl Table {
             dropped: AtomicBool::new(false),
             counters: TableCounters::default(),
             admission,
+            eviction: None,
         }
     }
 
@@ -245,6 +252,8 @@ impl Table {
             },
             rows_admitted: self.counters.rows_admitted.load(Ordering::Relaxed),
             rows_held_back: self.counters.rows_held_back.load(Ordering::Relaxed),
+            rows_expired: self.counters.rows_expired.load(Ordering::Relaxed),
+            rows_capped: self.counters.rows_capped.load(Ordering::Relaxed),
         }
     }
 

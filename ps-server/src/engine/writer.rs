@@ -12,6 +12,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::dedup::Dedup;
 use super::keys::rows_key;
+use super::rows::Row;
 use super::table::{Cell, Table, TableData, ThreadCpu};
 use super::{Cmd, EngineError, Inner, Job, PushOutcome, Result};
 use crate::dense_log::DenseLog;
@@ -49,14 +50,21 @@ impl<S: Store> Inner<S> {
                         tracing::info!("writer stopped");
                         return;
                     }
+                    Cmd::EvictRows => {
+                        self.commit_group(std::mem::take(&mut pushes));
+                        self.evict_rows();
+                        self.evict();
+                    }
                     admin => {
                         self.commit_group(std::mem::take(&mut pushes));
+                        self.evict_rows();
                         self.evict();
                         self.run_admin(admin);
                     }
                 }
             }
             self.commit_group(pushes);
+            self.evict_rows();
             self.evict();
         }
         tracing::info!("writer stopped");
@@ -332,6 +340,7 @@ impl<S: Store> Inner<S> {
         self.cache
             .counted((order.len() - missing.len()) as u64, missing.len() as u64);
         let mut scratch = Vec::new();
+        let now = self.cfg.clock.now();
         let mut new_rows = 0u64;
         let mut held_back = 0u64;
         for (&id, g) in order.iter().zip(combined.chunks_exact(dim)) {
@@ -341,8 +350,8 @@ impl<S: Store> Inner<S> {
             }
             let mut stripe = rows.stripe(id).write();
             if !stripe.contains_key(&id) {
-                let cell = match fetched.remove(&id) {
-                    Some(cell) => cell,
+                let row = match fetched.remove(&id) {
+                    Some(row) => row,
                     None => {
                         // A new id: stored only once admission lets it in.
                         if table.admission.as_ref().is_some_and(|a| !a.admit(id)) {
@@ -350,13 +359,16 @@ impl<S: Store> Inner<S> {
                             continue;
                         }
                         new_rows += 1;
-                        Cell::fresh(&table.spec, table.hash, id, dim)
+                        Row::new(Cell::fresh(&table.spec, table.hash, id, dim), 0)
                     }
                 };
-                rows.insert_absent(&mut stripe, id, cell);
+                rows.insert_absent(&mut stripe, id, row);
             }
             if let Some(row) = stripe.get_mut(&id) {
                 update_cell(table, id, &mut row.cell, g, batch, &mut scratch);
+                if let Some(eviction) = &table.eviction {
+                    eviction.touch(table.id, id, row, now, batch);
+                }
                 out.applied_values += dim as u64;
             }
         }

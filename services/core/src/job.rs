@@ -419,7 +419,8 @@ impl From<&JobSpec> for pb::JobSpec {
 /// [[tables]]
 /// name = "softmax/w"
 /// shape = [785, 10]        # dense; `dim = 16` makes a sparse table (`admit_after = 3`:
-///                          # an id's row is stored from its third push)
+///                          # an id's row is stored from its third push; `ttl_seconds`,
+///                          # `max_rows`: rows evicted by age or past a cap)
 /// optimizer = "momentum"   # sgd | momentum | adagrad | adam | ftrl
 /// learning_rate = 0.1
 /// momentum = 0.9
@@ -494,6 +495,12 @@ struct TableToml {
     /// Sparse tables: store an id's row once it was pushed this many times.
     #[serde(default)]
     admit_after: u32,
+    /// Sparse tables on durable shards: evict a row not pushed for this many seconds.
+    #[serde(default)]
+    ttl_seconds: u64,
+    /// Sparse tables on durable shards: the most rows the table holds.
+    #[serde(default)]
+    max_rows: u64,
     #[serde(default)]
     codec: String,
 }
@@ -618,6 +625,12 @@ impl TableToml {
         if self.admit_after > 0 {
             spec = spec.with_admit_after(self.admit_after)?;
         }
+        if self.ttl_seconds > 0 {
+            spec = spec.with_ttl_seconds(self.ttl_seconds)?;
+        }
+        if self.max_rows > 0 {
+            spec = spec.with_max_rows(self.max_rows)?;
+        }
         let codec = parse_codec(&self.codec)?;
         Ok(JobTable {
             spec: spec.validated()?,
@@ -697,6 +710,8 @@ optimizer = "adagrad"
 init = "normal"
 seed = 7
 admit_after = 4
+ttl_seconds = 86400
+max_rows = 1000000
 "#;
 
     #[test]
@@ -706,6 +721,8 @@ admit_after = 4
         assert_eq!(spec.data_shards, 3, "defaults to num_workers");
         assert_eq!(spec.tables[0].codec, Codec::F16);
         assert_eq!(spec.tables[1].spec.admit_after, 4);
+        assert_eq!(spec.tables[1].spec.ttl_seconds, 86_400);
+        assert_eq!(spec.tables[1].spec.max_rows, 1_000_000);
         let back = JobSpec::try_from(pb::JobSpec::from(&spec)).unwrap();
         assert_eq!(back, spec);
     }
@@ -741,6 +758,14 @@ admit_after = 4
             (
                 JOB.replace("codec = \"fp16\"", "admit_after = 2"),
                 "admission is for sparse tables",
+            ),
+            (
+                JOB.replace("codec = \"fp16\"", "max_rows = 5"),
+                "eviction is for sparse tables",
+            ),
+            (
+                JOB.replace("ttl_seconds = 86400", "ttl_seconds = 999999999999"),
+                "ten years",
             ),
             (
                 JOB.replace("global_batch = 300", "global_batch = 2"),

@@ -227,6 +227,10 @@ pub struct TableStats {
     /// admission (`TableSpec::admit_after`) since it started.
     pub rows_admitted: u64,
     pub rows_held_back: u64,
+    /// Sparse: rows evicted since the shard started, by age (`TableSpec::ttl_seconds`) and by
+    /// the row cap (`TableSpec::max_rows`).
+    pub rows_expired: u64,
+    pub rows_capped: u64,
 }
 
 /// A shard's counters.
@@ -462,6 +466,8 @@ impl From<TableStats> for pb::TableStats {
             cached_rows: t.cached_rows,
             rows_admitted: t.rows_admitted,
             rows_held_back: t.rows_held_back,
+            rows_expired: t.rows_expired,
+            rows_capped: t.rows_capped,
         }
     }
 }
@@ -483,6 +489,8 @@ impl From<pb::TableStats> for TableStats {
             cached_rows: t.cached_rows,
             rows_admitted: t.rows_admitted,
             rows_held_back: t.rows_held_back,
+            rows_expired: t.rows_expired,
+            rows_capped: t.rows_capped,
         }
     }
 }

@@ -374,10 +374,26 @@ pub struct TableSpec {
     /// 1: on its first push). See `SparseSpec.admit_after`.
     #[serde(default)]
     pub admit_after: u32,
+    /// Sparse tables on durable shards: a row not pushed for this many seconds is evicted (0:
+    /// never). See `SparseSpec.ttl_seconds`.
+    #[serde(default)]
+    pub ttl_seconds: u64,
+    /// Sparse tables on durable shards: the most rows the table holds, over all shards (each of
+    /// N shards holds at most `ceil(max_rows / N)`); past it the least recently pushed rows are
+    /// evicted (0: no cap). See `SparseSpec.max_rows`.
+    #[serde(default)]
+    pub max_rows: u64,
 }
 
 /// The most pushes admission may wait for: the sketch counts to `u16::MAX`.
 pub const MAX_ADMIT_AFTER: u32 = 10_000;
+
+/// The longest time to live a sparse table may set: ten years (row touch times are kept in
+/// whole seconds as u32s).
+pub const MAX_TTL_SECONDS: u64 = 10 * 365 * 86_400;
+
+/// The largest row cap a sparse table may set.
+pub const MAX_ROWS_CAP: u64 = 1 << 48;
 
 impl TableSpec {
     /// A dense table of `shape` with SGD at 0.01 and zeros; chain the setters to change them.
@@ -392,6 +408,8 @@ impl TableSpec {
             initializer: Initializer::ZEROS,
             non_finite: NonFinitePolicy::Reject,
             admit_after: 0,
+            ttl_seconds: 0,
+            max_rows: 0,
         }
         .validated()
     }
@@ -405,6 +423,8 @@ impl TableSpec {
             initializer: Initializer::ZEROS,
             non_finite: NonFinitePolicy::Reject,
             admit_after: 0,
+            ttl_seconds: 0,
+            max_rows: 0,
         }
         .validated()
     }
@@ -430,6 +450,24 @@ impl TableSpec {
     pub fn with_admit_after(mut self, n: u32) -> Result<Self, ValidationError> {
         self.admit_after = n;
         self.validated()
+    }
+
+    /// Evicts a row not pushed for `seconds` (sparse tables; 0: never).
+    pub fn with_ttl_seconds(mut self, seconds: u64) -> Result<Self, ValidationError> {
+        self.ttl_seconds = seconds;
+        self.validated()
+    }
+
+    /// Holds at most `rows` rows, evicting the least recently pushed past it (sparse tables;
+    /// 0: no cap).
+    pub fn with_max_rows(mut self, rows: u64) -> Result<Self, ValidationError> {
+        self.max_rows = rows;
+        self.validated()
+    }
+
+    /// Whether rows of this table are evicted by age or count (TTL or a row cap).
+    pub fn evicts_rows(&self) -> bool {
+        self.ttl_seconds > 0 || self.max_rows > 0
     }
 
     pub fn with_non_finite(mut self, policy: NonFinitePolicy) -> Self {
@@ -492,6 +530,16 @@ impl TableSpec {
                         "admission is for sparse tables; every dense value is stored",
                     ));
                 }
+                if self.evicts_rows() {
+                    return Err(ValidationError::new(
+                        if self.ttl_seconds > 0 {
+                            "sparse.ttl_seconds"
+                        } else {
+                            "sparse.max_rows"
+                        },
+                        "eviction is for sparse tables; dense values are never evicted",
+                    ));
+                }
             }
             TableKind::Sparse { dim } => {
                 if *dim == 0 || *dim > MAX_SPARSE_DIM {
@@ -500,14 +548,27 @@ impl TableSpec {
                         format!("must be in 1..={MAX_SPARSE_DIM}, got {dim}"),
                     ));
                 }
-                if self.admit_after > MAX_ADMIT_AFTER {
-                    return Err(ValidationError::new(
+                for (field, value, max, meaning) in [
+                    (
                         "sparse.admit_after",
-                        format!(
-                            "must be at most {MAX_ADMIT_AFTER}, got {}",
-                            self.admit_after
-                        ),
-                    ));
+                        u64::from(self.admit_after),
+                        u64::from(MAX_ADMIT_AFTER),
+                        "",
+                    ),
+                    (
+                        "sparse.ttl_seconds",
+                        self.ttl_seconds,
+                        MAX_TTL_SECONDS,
+                        " (ten years)",
+                    ),
+                    ("sparse.max_rows", self.max_rows, MAX_ROWS_CAP, ""),
+                ] {
+                    if value > max {
+                        return Err(ValidationError::new(
+                            field,
+                            format!("must be at most {max}{meaning}, got {value}"),
+                        ));
+                    }
                 }
             }
         }
@@ -544,6 +605,13 @@ impl TableSpec {
                 "admit_after {} vs {}",
                 self.admit_after, other.admit_after
             ))
+        } else if self.ttl_seconds != other.ttl_seconds {
+            Some(format!(
+                "ttl_seconds {} vs {}",
+                self.ttl_seconds, other.ttl_seconds
+            ))
+        } else if self.max_rows != other.max_rows {
+            Some(format!("max_rows {} vs {}", self.max_rows, other.max_rows))
         } else {
             None
         }
@@ -558,7 +626,7 @@ impl TryFrom<pb::TableSpec> for TableSpec {
 
     fn try_from(p: pb::TableSpec) -> Result<Self, Self::Error> {
         let name = TableName::try_from(p.name)?;
-        let mut admit_after = 0;
+        let (mut admit_after, mut ttl_seconds, mut max_rows) = (0, 0, 0);
         let kind = match p.kind {
             Some(pb::table_spec::Kind::Dense(d)) => TableKind::Dense(DenseShape {
                 shape: d.shape,
@@ -570,6 +638,8 @@ impl TryFrom<pb::TableSpec> for TableSpec {
             }),
             Some(pb::table_spec::Kind::Sparse(s)) => {
                 admit_after = s.admit_after;
+                ttl_seconds = s.ttl_seconds;
+                max_rows = s.max_rows;
                 TableKind::Sparse { dim: s.dim }
             }
             None => {
@@ -648,6 +718,8 @@ impl TryFrom<pb::TableSpec> for TableSpec {
             initializer,
             non_finite,
             admit_after,
+            ttl_seconds,
+            max_rows,
         }
         .validated()
         .map_err(|e| e.within("spec"))
@@ -664,6 +736,8 @@ impl From<&TableSpec> for pb::TableSpec {
             TableKind::Sparse { dim } => pb::table_spec::Kind::Sparse(pb::SparseSpec {
                 dim: *dim,
                 admit_after: s.admit_after,
+                ttl_seconds: s.ttl_seconds,
+                max_rows: s.max_rows,
             }),
         };
         let optimizer = match s.optimizer {
