@@ -196,6 +196,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
         map_epoch: 0,
         ids: ids.clone(),
         values: Some(f32s(&[1.0; 6])),
+        clock: None,
     })
     .await
     .unwrap();
@@ -237,6 +238,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
         map_epoch: 0,
         ids,
         values: Some(values),
+        clock: None,
     };
     let mut short = f32s(&vec![1.0; chunk_len]);
     short.num_values += 1;
@@ -482,6 +484,7 @@ async fn skip_policy_drops_only_the_rows_with_nan() {
             map_epoch: 0,
             ids: ids.clone(),
             values: Some(f32s(&[1.0, 1.0, f32::NAN, 1.0, 2.0, 2.0])),
+            clock: None,
         })
         .await
         .unwrap()
@@ -523,6 +526,7 @@ async fn a_retried_push_is_acknowledged_but_applied_once() {
         map_epoch: 0,
         ids: vec![ids[0]],
         values: Some(f32s(&[1.0, 2.0])),
+        clock: None,
     };
     let first = c.push_sparse(push.clone()).await.unwrap().into_inner();
     let again = c.push_sparse(push.clone()).await.unwrap().into_inner();
@@ -659,6 +663,7 @@ async fn every_optimizer_runs_end_to_end_and_survives_a_restart() {
                 map_epoch: 0,
                 ids: vec![5],
                 values: Some(f32s(&[grads[step]])),
+                clock: None,
             })
             .await
             .unwrap();
@@ -971,6 +976,7 @@ async fn an_export_streams_a_checkpoint_or_its_changes_and_refuses_bad_requests(
         map_epoch: 0,
         ids,
         values: Some(f32s(values)),
+        clock: None,
     };
     let checkpoint = |name: &str| pb::CheckpointRequest { name: name.into() };
     c.create_table(create.clone()).await.unwrap();
@@ -1061,6 +1067,7 @@ fn push_ones(table: &str, ids: Vec<u64>, push_id: Option<pb::PushId>) -> pb::Pus
         map_epoch: 0,
         values: Some(f32s(&vec![1.0; ids.len() * 2])),
         ids,
+        clock: None,
     }
 }
 
@@ -1356,5 +1363,57 @@ async fn a_row_cap_evicts_the_least_recently_pushed_rows() {
         panic!("a sparse spec");
     };
     assert_eq!((s.ttl_seconds, s.max_rows), (0, 9));
+    shard.stop().await;
+}
+
+/// Eviction by job clocks: rows are aged by the clock their pushes carry and the table's clock
+/// is the newest one pushed, so wall-clock time does not matter; a push without a clock counts
+/// as the newest clock. A table cannot age by both seconds and clocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rows_not_pushed_for_ttl_clocks_job_clocks_are_evicted() {
+    let clock = ps_server::engine::Clock::manual(3_000_000);
+    let mut shard = start_in(tempfile::tempdir().unwrap(), 64 << 20, clock.clone()).await;
+    let c = &mut shard.client;
+    let mut spec = sparse_policy("clk", 0, 0);
+    if let Some(pb::table_spec::Kind::Sparse(s)) = &mut spec.kind {
+        s.ttl_clocks = 3;
+    }
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(spec.clone()),
+    })
+    .await
+    .unwrap();
+    let ids = owned_ids("clk", 5);
+    let push = |i: usize, clock: Option<u64>| pb::PushSparseRequest {
+        clock,
+        ..push_ones("clk", vec![ids[i]], push_id())
+    };
+    c.push_sparse(push(0, Some(0))).await.unwrap();
+    c.push_sparse(push(1, Some(2))).await.unwrap();
+    c.push_sparse(push(2, None)).await.unwrap(); // counts as clock 2
+    clock.advance(1_000_000); // seconds do not age this table
+    c.push_sparse(push(3, Some(3))).await.unwrap(); // clock 3: row 0 is 3 clocks old
+    let stats = stats_when(c, "clk", |s| s.rows_expired > 0).await;
+    assert_eq!((stats.rows, stats.rows_expired), (3, 1), "{stats:?}");
+    c.push_sparse(push(4, Some(5))).await.unwrap(); // clock 5: rows 1 and 2 go, 3 stays
+    let stats = stats_when(c, "clk", |s| s.rows_expired >= 3).await;
+    assert_eq!((stats.rows, stats.rows_expired), (2, 3), "{stats:?}");
+    let got = c.pull_sparse(pull_rows("clk", ids.clone())).await.unwrap();
+    let rows: Vec<f32> = decode(&got.into_inner().values.unwrap())
+        .chunks(2)
+        .map(|r| r[0])
+        .collect();
+    assert_eq!(rows, [0.0, 0.0, 0.0, -1.0, -1.0]);
+
+    if let Some(pb::table_spec::Kind::Sparse(s)) = &mut spec.kind {
+        s.ttl_seconds = 60;
+    }
+    spec.name = "both".into();
+    let e = c
+        .create_table(pb::CreateTableRequest { spec: Some(spec) })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("not both"), "{e:?}");
     shard.stop().await;
 }

@@ -303,6 +303,7 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
         map_epoch: 0,
         ids: vec![1, 1, 2],
         values: Some(ps_core::Payload::from_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).into()),
+        clock: None,
     };
     let mut raw = raw_client(&server.addr).await;
     assert!(
@@ -609,6 +610,7 @@ async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
         map_epoch: 0,
         ids: retried.clone(),
         values: Some(ps_core::Payload::from_f32(&g).into()),
+        clock: None,
     };
     let mut raw = raw_client(&server.addr).await;
     assert!(

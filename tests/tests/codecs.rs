@@ -185,6 +185,7 @@ async fn each_encoding_is_applied_as_its_decoded_values() {
             map_epoch: 0,
             ids: ids.clone(),
             values: Some(Payload::from(e).into()),
+            clock: None,
         })
         .await
         .unwrap_or_else(|s| panic!("sparse {codec}: {s}"));

@@ -363,3 +363,71 @@ async fn ssp_with_the_cache_rule_pulls_less_and_trains() {
         lazy.result.eval
     );
 }
+
+/// Eviction by job clocks end to end: a worker trains logistic regression on Zipf ids, its
+/// pushes carry their clocks, and the shard keeps only the rows pushed in the last
+/// `ttl_clocks` clocks of the job (the model's `wide` table, listed in the job file with the
+/// policy), evicting the rest as it goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_table_with_ttl_clocks_keeps_only_the_rows_of_recent_clocks() {
+    let dir = tempfile::tempdir().unwrap();
+    let cluster = Cluster::start(dir.path(), 1).await.unwrap();
+    let spec = ps_worker::job::job_from_toml(
+        r#"
+name = "ttl"
+consistency = "bsp"
+num_shards = 1
+num_workers = 1
+dataset = "synthetic-ctr:4000:1000000:4"
+model = "sparse-lr"
+global_batch = 32
+max_clocks = 60
+
+[[tables]]
+name = "ttl/wide"
+dim = 1
+optimizer = "adagrad"
+learning_rate = 0.05
+ttl_clocks = 5
+"#,
+    )
+    .unwrap();
+    let sched = cluster.client().await.unwrap();
+    sched.submit(&spec).await.unwrap();
+    let mut w = cluster.worker("ttl", "w0", &[]).unwrap();
+    let t0 = Instant::now();
+    loop {
+        if let Some(s) = w.exited().unwrap() {
+            assert!(s.success(), "the worker failed:\n{}", w.tail());
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(120),
+            "the worker did not finish:\n{}",
+            w.tail()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let map = sched.shard_map().await.unwrap();
+    let ps = ps_client::PsClient::connect(ps_client::ClientConfig::new(map.endpoints))
+        .await
+        .unwrap();
+    let stats = ps.stats().await.unwrap().remove(0);
+    let wide = stats
+        .tables
+        .iter()
+        .find(|t| t.name == "ttl/wide")
+        .expect("the wide table")
+        .clone();
+    // 32 examples of 4 ids a clock: at most the ids of the last 6 clocks remain, and every
+    // row stored and gone was evicted by age.
+    assert!(wide.rows_expired > 0, "{wide:?}");
+    assert!(wide.rows <= 6 * 32 * 4, "{wide:?}");
+    assert_eq!(
+        wide.rows_admitted,
+        wide.rows + wide.rows_expired,
+        "{wide:?}"
+    );
+    assert_eq!(wide.rows_capped, 0);
+    cluster.stop().await;
+}

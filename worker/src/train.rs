@@ -280,6 +280,8 @@ impl<B: Backend + Clone> Trainer<B> {
                 ps_job = %spec.name,
             );
             let mut times = StepTimes::default();
+            // The clock this step's sparse pushes carry (tables with ttl_clocks age by it).
+            self.ps.set_clock(grant.clock);
             if self.cache.stale(grant.clock) {
                 self.pull_dense(grant.min_clock)
                     .instrument(tracing::info_span!(parent: &step, "pull", kind = "dense"))

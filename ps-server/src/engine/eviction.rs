@@ -4,9 +4,10 @@
 //! For a table with either, the group commit that pushes a row also records when: the row's
 //! time under its key in `Cf::Touched`, and an empty entry keyed (table, time, id) in
 //! `Cf::ByAge`, so that the table's rows sort oldest first there. Times are whole seconds of
-//! the engine's [`Clock`]; a row pushed again within the same second writes nothing more, so
-//! a hot row costs these two puts (and one delete) at most once a second. Pulls do not count:
-//! a row lives as long as it is trained.
+//! the engine's [`Clock`] or, for tables with `ttl_clocks`, the job clock the push carried
+//! (the table's now being the newest clock pushed); a row pushed again within the same second
+//! (clock) writes nothing more, so a hot row costs these two puts (and one delete) at most once
+//! a second. Pulls do not count: a row lives as long as it is trained.
 //!
 //! Between groups the writer reads the oldest entries of each such table and deletes, in one
 //! batch, the rows older than the TTL (at most [`MAX_EVICT_PER_STEP`] per step, checked once a
@@ -70,8 +71,13 @@ impl Clock {
 /// A table's eviction settings on this shard.
 #[derive(Debug)]
 pub(super) struct Eviction {
-    /// Seconds a row lives after its last push; 0: forever.
+    /// Seconds (or job clocks) a row lives after its last push; 0: forever.
     ttl: u32,
+    /// Rows are stamped with the job clock their pushes carry (plus one: 0 means no stamp),
+    /// not with the engine clock's seconds.
+    by_clocks: bool,
+    /// Tables aged by clocks: the newest stamp pushed since the shard started.
+    newest_clock: AtomicU32,
     /// Most rows on this shard (its share of `max_rows`); 0: no cap.
     cap: u64,
     /// Rows a cap eviction leaves: 95% of the cap, at most `MAX_EVICT_PER_STEP` below it.
@@ -91,12 +97,40 @@ impl Eviction {
         }
         let cap = spec.max_rows.div_ceil(u64::from(num_shards.max(1)));
         Some(Self {
-            ttl: u32::try_from(spec.ttl_seconds).unwrap_or(u32::MAX),
+            ttl: u32::try_from(spec.ttl_seconds.max(spec.ttl_clocks)).unwrap_or(u32::MAX),
+            by_clocks: spec.ttl_clocks > 0,
+            newest_clock: AtomicU32::new(0),
             cap,
             low_water: cap - (cap / 20).min(MAX_EVICT_PER_STEP as u64),
             ttl_done_at: AtomicU32::new(0),
             floor: AtomicU32::new(0),
         })
+    }
+
+    /// The stamp of a push made at second `secs` of the engine's clock carrying job clock
+    /// `clock`: the seconds, or for tables aged by clocks the job clock plus one (a push without
+    /// one counts as the newest clock seen).
+    pub(super) fn stamp(&self, secs: u32, clock: Option<u64>) -> u32 {
+        if !self.by_clocks {
+            return secs;
+        }
+        match clock {
+            Some(c) => {
+                let stamp = u32::try_from(c).unwrap_or(u32::MAX - 1).min(u32::MAX - 1) + 1;
+                self.newest_clock.fetch_max(stamp, Ordering::Relaxed);
+                stamp
+            }
+            None => self.newest_clock.load(Ordering::Relaxed).max(1),
+        }
+    }
+
+    /// What rows are aged against now: the engine clock's second, or the newest job clock.
+    fn now(&self, secs: u32) -> u32 {
+        if self.by_clocks {
+            self.newest_clock.load(Ordering::Relaxed)
+        } else {
+            secs
+        }
     }
 
     /// Records that row `id` of table `table_id` was pushed at `now`: its time in `Touched`
@@ -157,10 +191,11 @@ impl<S: Store> Inner<S> {
         }
     }
 
-    fn evict_table_rows(&self, table: &Table, now: u32) -> Result<(), String> {
+    fn evict_table_rows(&self, table: &Table, secs: u32) -> Result<(), String> {
         let (Some(ev), TableData::Sparse(rows)) = (&table.eviction, &table.data) else {
             return Ok(());
         };
+        let now = ev.now(secs);
         // Rows pushed before `cutoff` are past the TTL.
         let cutoff = if ev.ttl > 0 {
             now.saturating_sub(ev.ttl).saturating_add(1)

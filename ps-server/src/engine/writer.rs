@@ -340,7 +340,11 @@ impl<S: Store> Inner<S> {
         self.cache
             .counted((order.len() - missing.len()) as u64, missing.len() as u64);
         let mut scratch = Vec::new();
-        let now = self.cfg.clock.now();
+        // When the rows are pushed, for a table that evicts them by age or count.
+        let stamp = table
+            .eviction
+            .as_ref()
+            .map(|e| e.stamp(self.cfg.clock.now(), push.clock));
         let mut new_rows = 0u64;
         let mut held_back = 0u64;
         for (&id, g) in order.iter().zip(combined.chunks_exact(dim)) {
@@ -366,8 +370,8 @@ impl<S: Store> Inner<S> {
             }
             if let Some(row) = stripe.get_mut(&id) {
                 update_cell(table, id, &mut row.cell, g, batch, &mut scratch);
-                if let Some(eviction) = &table.eviction {
-                    eviction.touch(table.id, id, row, now, batch);
+                if let (Some(eviction), Some(stamp)) = (&table.eviction, stamp) {
+                    eviction.touch(table.id, id, row, stamp, batch);
                 }
                 out.applied_values += dim as u64;
             }

@@ -114,6 +114,7 @@ impl PsClient {
             link,
             cfg,
             encode_nanos: AtomicU64::new(0),
+            clock: AtomicU64::new(u64::MAX),
         };
         let n = this.num_shards;
         let infos = this
@@ -192,6 +193,12 @@ impl PsClient {
     /// over its life: what a training step spends on compression.
     pub fn encode_time(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.inner.encode_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Sets the job clock this client's sparse pushes carry from now on (tables with
+    /// `ttl_clocks` age their rows by it).
+    pub fn set_clock(&self, clock: u64) {
+        self.inner.clock.store(clock, Ordering::Relaxed);
     }
 
     /// The shard-map epoch this client routes with (0 when no scheduler manages the map).

@@ -56,6 +56,8 @@ impl PsClient {
         };
         let table = spec.name.to_string();
         let codec_name = codec.push.codec.to_string();
+        let clock = Some(self.inner.clock.load(std::sync::atomic::Ordering::Relaxed))
+            .filter(|&c| c != u64::MAX);
         let calls: Vec<(usize, (Vec<u64>, pb::Payload))> = requests
             .iter()
             .map(|(shard, ids, e)| {
@@ -72,6 +74,7 @@ impl PsClient {
                     map_epoch,
                     ids,
                     values: Some(values),
+                    clock,
                 };
                 async move {
                     s.grpc

@@ -47,6 +47,8 @@ pub(crate) struct Inner {
     /// Nanoseconds spent encoding dense pushes (codec and error feedback), over the client's
     /// life.
     pub(crate) encode_nanos: AtomicU64,
+    /// The job clock sparse pushes carry ([`crate::PsClient::set_clock`]); `u64::MAX`: none.
+    pub(crate) clock: AtomicU64,
 }
 
 /// One shard's connections: gRPC, and its bulk stream when it offers one.

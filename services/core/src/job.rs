@@ -498,6 +498,9 @@ struct TableToml {
     /// Sparse tables on durable shards: evict a row not pushed for this many seconds.
     #[serde(default)]
     ttl_seconds: u64,
+    /// Sparse tables on durable shards: evict a row not pushed for this many job clocks.
+    #[serde(default)]
+    ttl_clocks: u64,
     /// Sparse tables on durable shards: the most rows the table holds.
     #[serde(default)]
     max_rows: u64,
@@ -627,6 +630,9 @@ impl TableToml {
         }
         if self.ttl_seconds > 0 {
             spec = spec.with_ttl_seconds(self.ttl_seconds)?;
+        }
+        if self.ttl_clocks > 0 {
+            spec = spec.with_ttl_clocks(self.ttl_clocks)?;
         }
         if self.max_rows > 0 {
             spec = spec.with_max_rows(self.max_rows)?;
@@ -766,6 +772,10 @@ max_rows = 1000000
             (
                 JOB.replace("ttl_seconds = 86400", "ttl_seconds = 999999999999"),
                 "ten years",
+            ),
+            (
+                JOB.replace("ttl_seconds = 86400", "ttl_seconds = 5\nttl_clocks = 5"),
+                "not both",
             ),
             (
                 JOB.replace("global_batch = 300", "global_batch = 2"),

@@ -188,6 +188,8 @@ pub struct PushSparse {
     pub map_epoch: u64,
     pub ids: Vec<u64>,
     pub values: Payload,
+    /// The job clock the gradients were computed at, when the client says.
+    pub clock: Option<u64>,
 }
 
 impl PushSparse {
@@ -223,6 +225,7 @@ impl TryFrom<pb::PushSparseRequest> for PushSparse {
             map_epoch: r.map_epoch,
             ids: r.ids,
             values,
+            clock: r.clock,
         })
     }
 }
@@ -283,6 +286,7 @@ mod tests {
             map_epoch: 0,
             ids: vec![1, 2, 3],
             values: Payload::from_f32(&[0.0; 8]),
+            clock: None,
         };
         assert!(
             p.check_dim(4)

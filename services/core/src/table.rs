@@ -378,6 +378,10 @@ pub struct TableSpec {
     /// never). See `SparseSpec.ttl_seconds`.
     #[serde(default)]
     pub ttl_seconds: u64,
+    /// Sparse tables on durable shards: a row not pushed for this many job clocks is evicted
+    /// (0: never; not with `ttl_seconds`). See `SparseSpec.ttl_clocks`.
+    #[serde(default)]
+    pub ttl_clocks: u64,
     /// Sparse tables on durable shards: the most rows the table holds, over all shards (each of
     /// N shards holds at most `ceil(max_rows / N)`); past it the least recently pushed rows are
     /// evicted (0: no cap). See `SparseSpec.max_rows`.
@@ -395,6 +399,9 @@ pub const MAX_TTL_SECONDS: u64 = 10 * 365 * 86_400;
 /// The largest row cap a sparse table may set.
 pub const MAX_ROWS_CAP: u64 = 1 << 48;
 
+/// The longest time to live in job clocks (row stamps are u32s).
+pub const MAX_TTL_CLOCKS: u64 = u32::MAX as u64;
+
 impl TableSpec {
     /// A dense table of `shape` with SGD at 0.01 and zeros; chain the setters to change them.
     pub fn dense(name: &str, shape: &[u64]) -> Result<Self, ValidationError> {
@@ -409,6 +416,7 @@ impl TableSpec {
             non_finite: NonFinitePolicy::Reject,
             admit_after: 0,
             ttl_seconds: 0,
+            ttl_clocks: 0,
             max_rows: 0,
         }
         .validated()
@@ -424,6 +432,7 @@ impl TableSpec {
             non_finite: NonFinitePolicy::Reject,
             admit_after: 0,
             ttl_seconds: 0,
+            ttl_clocks: 0,
             max_rows: 0,
         }
         .validated()
@@ -458,6 +467,12 @@ impl TableSpec {
         self.validated()
     }
 
+    /// Evicts a row not pushed for `clocks` job clocks (sparse tables; 0: never).
+    pub fn with_ttl_clocks(mut self, clocks: u64) -> Result<Self, ValidationError> {
+        self.ttl_clocks = clocks;
+        self.validated()
+    }
+
     /// Holds at most `rows` rows, evicting the least recently pushed past it (sparse tables;
     /// 0: no cap).
     pub fn with_max_rows(mut self, rows: u64) -> Result<Self, ValidationError> {
@@ -467,7 +482,7 @@ impl TableSpec {
 
     /// Whether rows of this table are evicted by age or count (TTL or a row cap).
     pub fn evicts_rows(&self) -> bool {
-        self.ttl_seconds > 0 || self.max_rows > 0
+        self.ttl_seconds > 0 || self.ttl_clocks > 0 || self.max_rows > 0
     }
 
     pub fn with_non_finite(mut self, policy: NonFinitePolicy) -> Self {
@@ -534,6 +549,8 @@ impl TableSpec {
                     return Err(ValidationError::new(
                         if self.ttl_seconds > 0 {
                             "sparse.ttl_seconds"
+                        } else if self.ttl_clocks > 0 {
+                            "sparse.ttl_clocks"
                         } else {
                             "sparse.max_rows"
                         },
@@ -546,6 +563,12 @@ impl TableSpec {
                     return Err(ValidationError::new(
                         "sparse.dim",
                         format!("must be in 1..={MAX_SPARSE_DIM}, got {dim}"),
+                    ));
+                }
+                if self.ttl_seconds > 0 && self.ttl_clocks > 0 {
+                    return Err(ValidationError::new(
+                        "sparse.ttl_clocks",
+                        "a table ages its rows by seconds or by job clocks, not both",
                     ));
                 }
                 for (field, value, max, meaning) in [
@@ -561,6 +584,7 @@ impl TableSpec {
                         MAX_TTL_SECONDS,
                         " (ten years)",
                     ),
+                    ("sparse.ttl_clocks", self.ttl_clocks, MAX_TTL_CLOCKS, ""),
                     ("sparse.max_rows", self.max_rows, MAX_ROWS_CAP, ""),
                 ] {
                     if value > max {
@@ -610,6 +634,11 @@ impl TableSpec {
                 "ttl_seconds {} vs {}",
                 self.ttl_seconds, other.ttl_seconds
             ))
+        } else if self.ttl_clocks != other.ttl_clocks {
+            Some(format!(
+                "ttl_clocks {} vs {}",
+                self.ttl_clocks, other.ttl_clocks
+            ))
         } else if self.max_rows != other.max_rows {
             Some(format!("max_rows {} vs {}", self.max_rows, other.max_rows))
         } else {
@@ -626,7 +655,7 @@ impl TryFrom<pb::TableSpec> for TableSpec {
 
     fn try_from(p: pb::TableSpec) -> Result<Self, Self::Error> {
         let name = TableName::try_from(p.name)?;
-        let (mut admit_after, mut ttl_seconds, mut max_rows) = (0, 0, 0);
+        let (mut admit_after, mut ttl_seconds, mut ttl_clocks, mut max_rows) = (0, 0, 0, 0);
         let kind = match p.kind {
             Some(pb::table_spec::Kind::Dense(d)) => TableKind::Dense(DenseShape {
                 shape: d.shape,
@@ -639,6 +668,7 @@ impl TryFrom<pb::TableSpec> for TableSpec {
             Some(pb::table_spec::Kind::Sparse(s)) => {
                 admit_after = s.admit_after;
                 ttl_seconds = s.ttl_seconds;
+                ttl_clocks = s.ttl_clocks;
                 max_rows = s.max_rows;
                 TableKind::Sparse { dim: s.dim }
             }
@@ -719,6 +749,7 @@ impl TryFrom<pb::TableSpec> for TableSpec {
             non_finite,
             admit_after,
             ttl_seconds,
+            ttl_clocks,
             max_rows,
         }
         .validated()
@@ -737,6 +768,7 @@ impl From<&TableSpec> for pb::TableSpec {
                 dim: *dim,
                 admit_after: s.admit_after,
                 ttl_seconds: s.ttl_seconds,
+                ttl_clocks: s.ttl_clocks,
                 max_rows: s.max_rows,
             }),
         };
