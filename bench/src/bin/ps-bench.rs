@@ -66,7 +66,8 @@ struct Args {
     /// over --keys) on a ps-server process with the hot set in its row cache and with a cache
     /// ten times smaller than the table, and with the hot set cached on a table that evicts
     /// rows (a day's TTL and --evict-cap), its resident memory against the cache's budget, and
-    /// the time a shard takes to serve again after kill -9 with each of --restart-rows rows.
+    /// the time a shard takes to serve again after kill -9 with each of --restart-rows rows,
+    /// then how fast it exports them (full, and incremental after 1% changed).
     #[arg(long)]
     store: bool,
     /// The sparse cases' key space.
@@ -830,8 +831,59 @@ async fn restart_case(root: &std::path::Path, rows: u64, t: &Transport) -> anyho
         let lines: Vec<&str> = log.lines().collect();
         eprintln!("{}", lines[lines.len().saturating_sub(25)..].join("\n"));
     }
+    export_case(&ps, stored, &grads).await?;
+    drop(ps);
     drop(shard);
     std::fs::remove_dir_all(&data)?;
+    Ok(())
+}
+
+/// The export of the restart case's table (`bench/rows`, `rows` rows on shard 0): a checkpoint,
+/// one push to 1% of the rows, a second checkpoint; then the full export of the second and its
+/// incremental export against the first, each timed to the last part received.
+async fn export_case(ps: &PsClient, rows: u64, grads: &[f32]) -> anyhow::Result<()> {
+    ps.checkpoint("before").await?;
+    let changed: Vec<u64> = (0..rows).step_by(100).collect();
+    for ids in changed.chunks(grads.len() / 64) {
+        ps.push_sparse("bench/rows", ids, &grads[..ids.len() * 64])
+            .await?;
+    }
+    ps.checkpoint("after").await?;
+    let tables = ["bench/rows".to_owned()];
+    let mut timed = Vec::new();
+    for since in [None, Some("before")] {
+        let t0 = Instant::now();
+        let mut stream = ps.export_checkpoint(0, "after", since, &tables).await?;
+        let (mut sent, mut deleted, mut bytes) = (0u64, 0u64, 0u64);
+        while let Some(part) = stream.next().await? {
+            match part {
+                ps_core::ExportPart::Rows { keys, values } => {
+                    sent += keys.len() as u64;
+                    bytes += keys.len() as u64 * 8 + values.len() as u64 * 4;
+                }
+                ps_core::ExportPart::Deleted { keys } => deleted += keys.len() as u64,
+                _ => {}
+            }
+        }
+        timed.push((t0.elapsed().as_secs_f64(), sent, deleted, bytes));
+    }
+    let [
+        (full_s, full_rows, _, full_bytes),
+        (inc_s, inc_rows, inc_deleted, _),
+    ] = timed[..]
+    else {
+        anyhow::bail!("two exports");
+    };
+    anyhow::ensure!(
+        full_rows == rows && inc_rows == changed.len() as u64 && inc_deleted == 0,
+        "the exports hold {full_rows} and {inc_rows} rows"
+    );
+    println!(
+        "{{\"case\":\"store_export\",\"rows\":{rows},\"full_s\":{full_s:.3},\"full_rows_per_s\":{:.0},\"full_mb_per_s\":{:.0},\"incremental_rows\":{inc_rows},\"incremental_s\":{inc_s:.3},\"incremental_rows_compared_per_s\":{:.0}}}",
+        rows as f64 / full_s,
+        full_bytes as f64 / full_s / 1e6,
+        rows as f64 / inc_s
+    );
     Ok(())
 }
 

@@ -19,8 +19,8 @@ use crate::store::{Cf, RocksOptions, RocksStore, Store, StoreError};
 
 /// Values per part: 1 MiB of f32, well inside a gRPC message.
 const PART_VALUES: usize = 1 << 18;
-/// Keys compared with the earlier checkpoint per `multi_get`.
-const DIFF_BATCH: usize = 1024;
+/// Rows of the earlier checkpoint read at a time by an incremental export.
+const DIFF_BATCH: usize = 16_384;
 
 /// What to export.
 #[derive(Debug, Clone)]
@@ -257,7 +257,8 @@ fn export_rows(
 }
 
 /// The rows of `t` whose parameters differ from (or are missing in) `before` of checkpoint
-/// `old`, ascending; then the keys `before` has that `t` does not, ascending.
+/// `old`, ascending, and the keys `before` has that `t` does not, ascending: one pass over both
+/// tables in key order, merged.
 fn export_changed(
     ck: &Opened,
     t: &StoredTable,
@@ -266,90 +267,86 @@ fn export_changed(
     dim: usize,
     sink: &mut Sink<'_, '_>,
 ) -> std::result::Result<(), StoreError> {
-    // Rows of the newer checkpoint, compared with the older one a batch of keys at a time.
     let mut batch = RowBatch::new(dim);
-    let mut pending: Vec<(u64, Vec<u8>)> = Vec::with_capacity(DIFF_BATCH);
-    let mut compare = |pending: &mut Vec<(u64, Vec<u8>)>,
-                       sink: &mut Sink<'_, '_>|
-     -> std::result::Result<(), StoreError> {
-        let mut same = vec![false; pending.len()];
-        lookup(
-            &old.store,
-            before.id,
-            pending.iter().map(|(k, _)| *k),
-            &mut |i, v| {
-                same[i] = pending[i].1 == v;
-            },
-        )?;
-        for ((key, row), same) in pending.drain(..).zip(same) {
-            if !same {
-                batch.push(key, &row, sink)?;
-            }
-        }
-        Ok(())
-    };
-    ck.store
-        .scan(Cf::Params, &t.id.to_be_bytes(), &mut |k, v| {
-            pending.push((be_u64(k.get(4..).unwrap_or_default())?, v.to_vec()));
-            if pending.len() >= DIFF_BATCH {
-                compare(&mut pending, sink)?;
-            }
-            Ok(())
-        })?;
-    compare(&mut pending, sink)?;
-    batch.flush(sink)?;
-
-    // Keys of the older checkpoint, looked up in the newer one a batch at a time.
+    let mut olds = Chunks::new(&old.store, before.id);
     let mut gone: Vec<u64> = Vec::new();
-    let mut olds: Vec<u64> = Vec::with_capacity(DIFF_BATCH);
-    let check = |olds: &mut Vec<u64>,
-                 gone: &mut Vec<u64>,
-                 sink: &mut Sink<'_, '_>|
-     -> std::result::Result<(), StoreError> {
-        let mut present = vec![false; olds.len()];
-        lookup(&ck.store, t.id, olds.iter().copied(), &mut |i, _| {
-            present[i] = true;
-        })?;
-        gone.extend(
-            olds.drain(..)
-                .zip(present)
-                .filter(|(_, p)| !p)
-                .map(|(k, _)| k),
-        );
-        if gone.len() >= PART_VALUES {
+    let send_gone = |gone: &mut Vec<u64>, sink: &mut Sink<'_, '_>, all: bool| {
+        if gone.len() >= PART_VALUES || (all && !gone.is_empty()) {
             sink.send(ExportPart::Deleted {
                 keys: std::mem::take(gone),
             })?;
         }
-        Ok(())
+        Ok::<(), StoreError>(())
     };
-    old.store
-        .scan(Cf::Params, &before.id.to_be_bytes(), &mut |k, _| {
-            olds.push(be_u64(k.get(4..).unwrap_or_default())?);
-            if olds.len() >= DIFF_BATCH {
-                check(&mut olds, &mut gone, sink)?;
+    ck.store
+        .scan(Cf::Params, &t.id.to_be_bytes(), &mut |k, v| {
+            let key = be_u64(k.get(4..).unwrap_or_default())?;
+            // Older keys below this one are gone.
+            while let Some(old_key) = olds.peek()?.filter(|&o| o < key) {
+                gone.push(old_key);
+                olds.pop();
+                send_gone(&mut gone, sink, false)?;
+            }
+            let same = olds.peek()? == Some(key) && olds.pop().is_some_and(|(_, o)| o == v);
+            if !same {
+                batch.push(key, v, sink)?;
             }
             Ok(())
         })?;
-    check(&mut olds, &mut gone, sink)?;
-    if !gone.is_empty() {
-        sink.send(ExportPart::Deleted { keys: gone })?;
+    batch.flush(sink)?;
+    while let Some(old_key) = olds.peek()? {
+        gone.push(old_key);
+        olds.pop();
+        send_gone(&mut gone, sink, false)?;
     }
-    Ok(())
+    send_gone(&mut gone, sink, true)
 }
 
-/// Looks up the parameters of rows `keys` of table `table_id` in `store` with one
-/// `multi_get`, calling `found(i, value)` for each that is there.
-fn lookup(
-    store: &RocksStore,
+/// One sparse table's rows of a checkpoint in key order, read [`DIFF_BATCH`] at a time: the
+/// older side of [`export_changed`]'s merge.
+struct Chunks<'a> {
+    store: &'a RocksStore,
     table_id: u32,
-    keys: impl Iterator<Item = u64>,
-    found: &mut dyn FnMut(usize, &[u8]),
-) -> std::result::Result<(), StoreError> {
-    let keys: Vec<[u8; 12]> = keys.map(|k| super::keys::cell_key(table_id, k)).collect();
-    let lookups: Vec<(Cf, &[u8])> = keys.iter().map(|k| (Cf::Params, &k[..])).collect();
-    store.multi_get(&lookups, &mut |i, v| {
-        found(i, v);
-        Ok(())
-    })
+    /// The key the next read starts at; `None` once the table is read to its end.
+    next: Option<u64>,
+    rows: std::collections::VecDeque<(u64, Vec<u8>)>,
+}
+
+impl<'a> Chunks<'a> {
+    fn new(store: &'a RocksStore, table_id: u32) -> Self {
+        Self {
+            store,
+            table_id,
+            next: Some(0),
+            rows: std::collections::VecDeque::with_capacity(DIFF_BATCH),
+        }
+    }
+
+    /// The next row's key, reading more when none is buffered.
+    fn peek(&mut self) -> std::result::Result<Option<u64>, StoreError> {
+        if self.rows.is_empty()
+            && let Some(from) = self.next
+        {
+            let to = self.table_id.saturating_add(1).to_be_bytes();
+            let rows = &mut self.rows;
+            self.store.scan_range(
+                Cf::Params,
+                &super::keys::cell_key(self.table_id, from),
+                &to,
+                &mut |k, v| {
+                    rows.push_back((be_u64(k.get(4..).unwrap_or_default())?, v.to_vec()));
+                    Ok(rows.len() < DIFF_BATCH)
+                },
+            )?;
+            self.next = match self.rows.back() {
+                Some(&(last, _)) if self.rows.len() == DIFF_BATCH => last.checked_add(1),
+                _ => None,
+            };
+        }
+        Ok(self.rows.front().map(|(k, _)| *k))
+    }
+
+    fn pop(&mut self) -> Option<(u64, Vec<u8>)> {
+        self.rows.pop_front()
+    }
 }
