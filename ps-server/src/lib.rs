@@ -197,6 +197,10 @@ async fn serve<S: Store>(
         .as_ref()
         .map(TcpListener::local_addr)
         .transpose()?;
+    ps_runtime::metrics::rpc_methods(
+        <ParameterServerServer<PsService<S>> as tonic::server::NamedService>::NAME,
+        &[ps_proto::FILE_DESCRIPTOR_SET],
+    );
     ready.announce(cfg.service.ready_file.as_deref())?;
     let bulk_stop = shutdown.child_token();
     let bulk_served = bulk_listener.map(|l| {

@@ -62,8 +62,12 @@ pub async fn run(
     }
     .await??;
     tracing::info!(data_dir = ?cfg.scheduler.data_dir, lease_ms = cfg.scheduler.lease.as_millis() as u64, "scheduler ready");
-    ready.announce(cfg.service.ready_file.as_deref())?;
     let svc = SchedulerServer::new(service::SchedulerService::new(sched.clone()));
+    ps_runtime::metrics::rpc_methods(
+        <SchedulerServer<service::SchedulerService> as tonic::server::NamedService>::NAME,
+        &[ps_proto::FILE_DESCRIPTOR_SET],
+    );
+    ready.announce(cfg.service.ready_file.as_deref())?;
     let opts = GrpcOptions {
         descriptor_sets: vec![ps_proto::FILE_DESCRIPTOR_SET],
         drain: cfg.service.drain,

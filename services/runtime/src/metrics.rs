@@ -202,7 +202,9 @@ pub(crate) fn rpc_answered(path: &str, code: tonic::Code, took: std::time::Durat
 
 /// Describes the RPC families and registers each method of the service `name` finds in
 /// `descriptor_sets` with zeros, so that rates and error ratios exist before the first call.
-pub(crate) fn rpc_methods(name: &str, descriptor_sets: &[&[u8]]) {
+/// [`crate::grpc::serve`] calls it; a service calls it too before it announces itself ready,
+/// so that its first scrape has them. Calling it again changes no count.
+pub fn rpc_methods(name: &str, descriptor_sets: &[&[u8]]) {
     metrics::describe_counter!(
         "ps_rpc_requests_total",
         "Calls answered, by rpc_service, rpc_method and gRPC code."
@@ -232,7 +234,7 @@ pub(crate) fn rpc_methods(name: &str, descriptor_sets: &[&[u8]]) {
                         "ps_rpc_requests_total",
                         &[service, method, ("code", "Ok".to_owned())]
                     )
-                    .absolute(0);
+                    .increment(0);
                 }
             }
         }
