@@ -213,7 +213,7 @@ impl<S: Store> Inner<S> {
             let victims = self
                 .oldest_rows(table, ev, if ttl_due { cutoff } else { 0 }, want)
                 .map_err(|e| e.to_string())?;
-            if victims.rows.len() < MAX_EVICT_PER_STEP {
+            if ttl_due && victims.rows.len() < MAX_EVICT_PER_STEP {
                 // Every row past the TTL is in this step: none is due again this second.
                 ev.ttl_done_at.store(now, Ordering::Relaxed);
             }
