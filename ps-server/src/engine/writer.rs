@@ -50,11 +50,8 @@ impl<S: Store> Inner<S> {
                         tracing::info!("writer stopped");
                         return;
                     }
-                    Cmd::EvictRows => {
-                        self.commit_group(std::mem::take(&mut pushes));
-                        self.evict_rows();
-                        self.evict();
-                    }
+                    // Ends the group: the commit and the evictions after the loop do the rest.
+                    Cmd::EvictRows => {}
                     admin => {
                         self.commit_group(std::mem::take(&mut pushes));
                         self.evict_rows();
