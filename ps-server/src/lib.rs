@@ -128,10 +128,11 @@ fn open_durable(cfg: &ServerConfig, dir: &Path) -> anyhow::Result<RocksStore> {
     }
     std::fs::create_dir_all(dir)?;
     checkpoint::remove_stale_generations(dir)?;
-    Ok(RocksStore::open(
-        &checkpoint::current_db(dir)?,
-        &cfg.rocksdb,
-    )?)
+    let t0 = std::time::Instant::now();
+    let store = RocksStore::open(&checkpoint::current_db(dir)?, &cfg.rocksdb)?;
+    // Mostly RocksDB replaying its WAL's unflushed tail.
+    tracing::info!(open_ms = t0.elapsed().as_millis() as u64, "store opened");
+    Ok(store)
 }
 
 /// Where a shard serves: its gRPC listener, the ready file it announces once serving, and

@@ -33,18 +33,6 @@ struct Args {
     rate: f64,
 }
 
-/// User + system CPU seconds of process `pid`.
-fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    let after = stat
-        .rsplit_once(')')
-        .ok_or_else(|| anyhow::anyhow!("bad stat"))?
-        .1;
-    let f: Vec<&str> = after.split_whitespace().collect();
-    let ticks: f64 = f[11].parse::<f64>()? + f[12].parse::<f64>()?;
-    Ok(ticks / 100.0)
-}
-
 fn pct(v: &[Duration], p: f64) -> Duration {
     v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
 }
@@ -100,8 +88,7 @@ async fn main() -> anyhow::Result<()> {
     for s in &mut sessions {
         s.start().await?;
     }
-    let pid = sched.id();
-    let cpu0 = cpu_seconds(pid)?;
+    let cpu0 = sched.cpu_seconds()?;
     let t0 = Instant::now();
     let tasks: Vec<_> = sessions
         .into_iter()
@@ -134,7 +121,7 @@ async fn main() -> anyhow::Result<()> {
         lat.extend(t.await??);
     }
     let wall = t0.elapsed();
-    let cpu = cpu_seconds(pid)? - cpu0;
+    let cpu = sched.cpu_seconds()? - cpu0;
     lat.sort_unstable();
     let st = clients[0].job("bench").await?;
     let stale = st.staleness;

@@ -81,11 +81,13 @@ impl<S: Store> Inner<S> {
             Ok(())
         })?;
         drop(dedup);
+        let t0 = std::time::Instant::now();
         let replayed = self.replay_log()?;
         tracing::info!(
             tables = self.tables.read().len(),
             clients = self.dedup.lock().clients.len(),
             replayed,
+            replay_ms = t0.elapsed().as_millis() as u64,
             "shard state loaded"
         );
         self.dense_cells_changed();

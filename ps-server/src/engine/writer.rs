@@ -22,8 +22,24 @@ use crate::store::{Cf, Store, StoreBatch};
 /// A queued push and where its answer goes.
 pub(super) type Queued = (Job, oneshot::Sender<Result<PushOutcome>>);
 
+/// Buffers the writer keeps between groups: a sparse push's gradients are megabytes, which
+/// freshly allocated would be fresh pages to fault in and zero on every push.
+#[derive(Default)]
+pub(super) struct Scratch {
+    /// A sparse push's gradients, summed per distinct id.
+    combined: Vec<f32>,
+    /// The distinct ids, in first-seen order.
+    order: Vec<u64>,
+    /// Id → its slot in `order`.
+    slots: HashMap<u64, usize, foldhash::fast::RandomState>,
+    /// The ids not in memory.
+    missing: Vec<u64>,
+    bytes: Vec<u8>,
+}
+
 impl<S: Store> Inner<S> {
     pub(super) fn run_writer(&self, mut rx: mpsc::Receiver<Cmd>) {
+        let mut scratch = Scratch::default();
         while let Some(first) = rx.blocking_recv() {
             let mut pushes = Vec::new();
             let mut bytes = 0;
@@ -40,7 +56,7 @@ impl<S: Store> Inner<S> {
                         }
                     }
                     Cmd::Stop => {
-                        self.commit_group(std::mem::take(&mut pushes));
+                        self.commit_group(std::mem::take(&mut pushes), &mut scratch);
                         // A clean stop leaves nothing to replay at the next start.
                         if let Some(log) = self.log.lock().as_mut()
                             && let Err(e) = self.snapshot(log)
@@ -53,21 +69,21 @@ impl<S: Store> Inner<S> {
                     // Ends the group: the commit and the evictions after the loop do the rest.
                     Cmd::EvictRows => {}
                     admin => {
-                        self.commit_group(std::mem::take(&mut pushes));
+                        self.commit_group(std::mem::take(&mut pushes), &mut scratch);
                         self.evict_rows();
                         self.evict();
                         self.run_admin(admin);
                     }
                 }
             }
-            self.commit_group(pushes);
+            self.commit_group(pushes, &mut scratch);
             self.evict_rows();
             self.evict();
         }
         tracing::info!("writer stopped");
     }
 
-    fn commit_group(&self, pushes: Vec<Queued>) {
+    fn commit_group(&self, pushes: Vec<Queued>, scratch: &mut Scratch) {
         if pushes.is_empty() {
             return;
         }
@@ -103,7 +119,7 @@ impl<S: Store> Inner<S> {
                 .iter()
                 .map(|(job, _)| {
                     let cpu = ThreadCpu::now();
-                    let r = self.apply(job, &mut dedup, &mut batch, log.as_deref_mut());
+                    let r = self.apply(job, &mut dedup, &mut batch, log.as_deref_mut(), scratch);
                     job.table().charge(cpu);
                     r
                 })
@@ -194,6 +210,7 @@ impl<S: Store> Inner<S> {
         dedup: &mut Dedup,
         batch: &mut S::Batch,
         log: Option<&mut DenseLog>,
+        scratch: &mut Scratch,
     ) -> Result<PushOutcome> {
         let (table, push_id) = match job {
             Job::Dense(t, p) => (t, &p.push_id),
@@ -216,7 +233,7 @@ impl<S: Store> Inner<S> {
         }
         let outcome = match job {
             Job::Dense(t, p) => self.apply_dense(t, p, batch, log),
-            Job::Sparse(t, p) => self.apply_sparse(t, p, batch)?,
+            Job::Sparse(t, p) => self.apply_sparse(t, p, batch, scratch)?,
         };
         dedup.record(push_id, batch);
         self.counters.pushes_applied.fetch_add(1, Ordering::Relaxed);
@@ -295,48 +312,56 @@ impl<S: Store> Inner<S> {
         table: &Table,
         push: &PushSparse,
         batch: &mut S::Batch,
+        scratch: &mut Scratch,
     ) -> Result<PushOutcome> {
         let mut out = PushOutcome::default();
         let TableData::Sparse(rows) = &table.data else {
             return Ok(out); // checked before queueing
         };
         let dim = table.spec.row_dim();
-        // Decoded to f32 and checked before queueing.
-        let mut values = vec![0.0f32; push.values.len()];
-        ps_core::payload::read_f32_le(push.values.data(), &mut values);
-        // Combine duplicate ids: each row is updated once with the sum of its gradients.
-        let mut order: Vec<u64> = Vec::with_capacity(push.ids.len());
-        let mut sums: HashMap<u64, usize, foldhash::fast::RandomState> =
-            HashMap::with_capacity_and_hasher(
-                push.ids.len(),
-                foldhash::fast::RandomState::default(),
-            );
-        let mut combined: Vec<f32> = Vec::with_capacity(values.len());
-        for (&id, g) in push.ids.iter().zip(values.chunks_exact(dim)) {
-            match sums.get(&id) {
+        // Combine duplicate ids: each row is updated once with the sum of its gradients (the
+        // payload was decoded to f32 and checked before queueing).
+        let Scratch {
+            combined,
+            order,
+            slots,
+            missing,
+            bytes: scratch,
+        } = scratch;
+        combined.clear();
+        order.clear();
+        slots.clear();
+        for (&id, g) in push
+            .ids
+            .iter()
+            .zip(push.values.data().chunks_exact(dim * 4))
+        {
+            let values = g
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes(b.try_into().unwrap_or_default()));
+            match slots.get(&id) {
                 Some(&slot) => {
-                    for (s, v) in combined[slot * dim..(slot + 1) * dim].iter_mut().zip(g) {
+                    for (s, v) in combined[slot * dim..(slot + 1) * dim]
+                        .iter_mut()
+                        .zip(values)
+                    {
                         *s += v;
                     }
                 }
                 None => {
-                    sums.insert(id, order.len());
+                    slots.insert(id, order.len());
                     order.push(id);
-                    combined.extend_from_slice(g);
+                    combined.extend(values);
                 }
             }
         }
         // The rows not in memory are read from the store in one batch before any is updated
         // (only this thread evicts, so the others stay in memory until the group is written).
-        let missing: Vec<u64> = order
-            .iter()
-            .copied()
-            .filter(|&id| !rows.contains(id))
-            .collect();
-        let mut fetched = self.fetch_rows(table, &missing)?;
+        missing.clear();
+        missing.extend(order.iter().copied().filter(|&id| !rows.contains(id)));
+        let mut fetched = self.fetch_rows(table, missing)?;
         self.cache
             .counted((order.len() - missing.len()) as u64, missing.len() as u64);
-        let mut scratch = Vec::new();
         // When the rows are pushed, for a table that evicts them by age or count.
         let stamp = table
             .eviction
@@ -366,7 +391,7 @@ impl<S: Store> Inner<S> {
                 rows.insert_absent(&mut stripe, id, row);
             }
             if let Some(row) = stripe.get_mut(&id) {
-                update_cell(table, id, &mut row.cell, g, batch, &mut scratch);
+                update_cell(table, id, &mut row.cell, g, batch, scratch);
                 if let (Some(eviction), Some(stamp)) = (&table.eviction, stamp) {
                     eviction.touch(table.id, id, row, stamp, batch);
                 }

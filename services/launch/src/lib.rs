@@ -126,6 +126,23 @@ impl Service {
         self.child.id()
     }
 
+    /// User + system CPU seconds the child has used so far (Linux: `/proc/<pid>/stat`).
+    pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
+        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.id()))?;
+        let after = stat
+            .rsplit_once(')')
+            .ok_or_else(|| anyhow::anyhow!("/proc/{}/stat: no command field", self.id()))?
+            .1;
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let field = |i: usize| -> anyhow::Result<f64> {
+            Ok(f.get(i)
+                .ok_or_else(|| anyhow::anyhow!("/proc/{}/stat: short", self.id()))?
+                .parse::<f64>()?)
+        };
+        // utime and stime, in clock ticks (USER_HZ, 100 on Linux).
+        Ok((field(11)? + field(12)?) / 100.0)
+    }
+
     /// The log file the child writes.
     pub fn log(&self) -> &Path {
         &self.log
