@@ -214,6 +214,8 @@ impl RowBatch {
         }
     }
 
+    /// Adds a stored row (its parameters, and the step and state a row stored as one entry
+    /// carries after them).
     fn push(
         &mut self,
         key: u64,
@@ -222,7 +224,7 @@ impl RowBatch {
     ) -> std::result::Result<(), StoreError> {
         let start = self.values.len();
         self.values.resize(start + self.dim, 0.0);
-        read_f32s(row, &mut self.values[start..])?;
+        read_f32s(params_of(row, self.dim), &mut self.values[start..])?;
         self.keys.push(key);
         if self.values.len() >= PART_VALUES {
             self.flush(sink)?;
@@ -239,6 +241,11 @@ impl RowBatch {
             values: std::mem::take(&mut self.values),
         })
     }
+}
+
+/// The parameters of a stored sparse row of `dim` values: the value's first `dim` floats.
+fn params_of(stored: &[u8], dim: usize) -> &[u8] {
+    stored.get(..dim * 4).unwrap_or(stored)
 }
 
 /// Every row of sparse table `t`, ascending.
@@ -287,7 +294,10 @@ fn export_changed(
                 olds.pop();
                 send_gone(&mut gone, sink, false)?;
             }
-            let same = olds.peek()? == Some(key) && olds.pop().is_some_and(|(_, o)| o == v);
+            let same = olds.peek()? == Some(key)
+                && olds
+                    .pop()
+                    .is_some_and(|(_, o)| params_of(&o, dim) == params_of(v, dim));
             if !same {
                 batch.push(key, v, sink)?;
             }
