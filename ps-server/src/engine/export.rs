@@ -275,7 +275,7 @@ fn export_changed(
     sink: &mut Sink<'_, '_>,
 ) -> std::result::Result<(), StoreError> {
     let mut batch = RowBatch::new(dim);
-    let mut olds = Chunks::new(&old.store, before.id);
+    let mut olds = Chunks::new(&old.store, before.id, dim);
     let mut gone: Vec<u64> = Vec::new();
     let send_gone = |gone: &mut Vec<u64>, sink: &mut Sink<'_, '_>, all: bool| {
         if gone.len() >= PART_VALUES || (all && !gone.is_empty()) {
@@ -295,9 +295,7 @@ fn export_changed(
                 send_gone(&mut gone, sink, false)?;
             }
             let same = olds.peek()? == Some(key)
-                && olds
-                    .pop()
-                    .is_some_and(|(_, o)| params_of(&o, dim) == params_of(v, dim));
+                && olds.pop().is_some_and(|(_, o)| o == params_of(v, dim));
             if !same {
                 batch.push(key, v, sink)?;
             }
@@ -312,21 +310,23 @@ fn export_changed(
     send_gone(&mut gone, sink, true)
 }
 
-/// One sparse table's rows of a checkpoint in key order, read [`DIFF_BATCH`] at a time: the
-/// older side of [`export_changed`]'s merge.
+/// One sparse table's rows of a checkpoint in key order (their parameters), read
+/// [`DIFF_BATCH`] at a time: the older side of [`export_changed`]'s merge.
 struct Chunks<'a> {
     store: &'a RocksStore,
     table_id: u32,
+    dim: usize,
     /// The key the next read starts at; `None` once the table is read to its end.
     next: Option<u64>,
     rows: std::collections::VecDeque<(u64, Vec<u8>)>,
 }
 
 impl<'a> Chunks<'a> {
-    fn new(store: &'a RocksStore, table_id: u32) -> Self {
+    fn new(store: &'a RocksStore, table_id: u32, dim: usize) -> Self {
         Self {
             store,
             table_id,
+            dim,
             next: Some(0),
             rows: std::collections::VecDeque::with_capacity(DIFF_BATCH),
         }
@@ -338,13 +338,14 @@ impl<'a> Chunks<'a> {
             && let Some(from) = self.next
         {
             let to = self.table_id.saturating_add(1).to_be_bytes();
-            let rows = &mut self.rows;
+            let (rows, dim) = (&mut self.rows, self.dim);
             self.store.scan_range(
                 Cf::Params,
                 &super::keys::cell_key(self.table_id, from),
                 &to,
                 &mut |k, v| {
-                    rows.push_back((be_u64(k.get(4..).unwrap_or_default())?, v.to_vec()));
+                    let key = be_u64(k.get(4..).unwrap_or_default())?;
+                    rows.push_back((key, params_of(v, dim).to_vec()));
                     Ok(rows.len() < DIFF_BATCH)
                 },
             )?;
