@@ -34,6 +34,7 @@ pub(super) struct Scratch {
     slots: HashMap<u64, usize, foldhash::fast::RandomState>,
     /// The ids not in memory.
     missing: Vec<u64>,
+    /// A row's stored form, built for the batch.
     bytes: Vec<u8>,
 }
 
