@@ -243,9 +243,9 @@ impl RowBatch {
     }
 }
 
-/// The parameters of a stored sparse row of `dim` values: the value's first `dim` floats.
+/// The parameters of a stored sparse row of `dim` values.
 fn params_of(stored: &[u8], dim: usize) -> &[u8] {
-    stored.get(..dim * 4).unwrap_or(stored)
+    super::table::split_row(stored, dim).0
 }
 
 /// Every row of sparse table `t`, ascending.

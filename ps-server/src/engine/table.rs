@@ -33,10 +33,8 @@ impl Cell {
     ) -> Result<Self, crate::store::StoreError> {
         let slots = spec.optimizer.state_slots();
         let mut data = vec![0.0; n * (1 + slots)];
-        let (params, state) = match params.split_at_checked(n * 4) {
-            Some((params, after)) if !after.is_empty() => (params, Some(after)),
-            _ => (params, state),
-        };
+        let (params, whole) = split_row(params, n);
+        let state = whole.or(state);
         super::keys::read_f32s(params, &mut data[..n])?;
         let mut step = 0;
         if slots > 0 {
@@ -83,6 +81,15 @@ impl Cell {
     fn append_state(&self, n: usize, buf: &mut Vec<u8>) {
         buf.extend_from_slice(&self.step.to_le_bytes());
         buf.extend_from_slice(bytemuck::cast_slice(&self.data[n..]));
+    }
+}
+
+/// A stored row of `n` values: its parameters, and the step and state a row stored as one
+/// entry ([`Table::put_cell`]) carries after them.
+pub(super) fn split_row(stored: &[u8], n: usize) -> (&[u8], Option<&[u8]>) {
+    match stored.split_at_checked(n * 4) {
+        Some((params, after)) if !after.is_empty() => (params, Some(after)),
+        _ => (stored, None),
     }
 }
 

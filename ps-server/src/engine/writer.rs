@@ -34,6 +34,8 @@ pub(super) struct Scratch {
     slots: HashMap<u64, usize, foldhash::fast::RandomState>,
     /// The ids not in memory.
     missing: Vec<u64>,
+    /// One row's gradient, decoded.
+    row: Vec<f32>,
     /// A row's stored form, built for the batch.
     bytes: Vec<u8>,
 }
@@ -327,32 +329,31 @@ impl<S: Store> Inner<S> {
             order,
             slots,
             missing,
+            row,
             bytes: scratch,
         } = scratch;
         combined.clear();
         order.clear();
         slots.clear();
+        row.resize(dim, 0.0);
         for (&id, g) in push
             .ids
             .iter()
             .zip(push.values.data().chunks_exact(dim * 4))
         {
-            let values = g
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes(b.try_into().unwrap_or_default()));
             match slots.get(&id) {
                 Some(&slot) => {
-                    for (s, v) in combined[slot * dim..(slot + 1) * dim]
-                        .iter_mut()
-                        .zip(values)
-                    {
+                    ps_core::payload::read_f32_le(g, row);
+                    for (s, v) in combined[slot * dim..(slot + 1) * dim].iter_mut().zip(&*row) {
                         *s += v;
                     }
                 }
                 None => {
                     slots.insert(id, order.len());
                     order.push(id);
-                    combined.extend(values);
+                    let at = combined.len();
+                    combined.resize(at + dim, 0.0);
+                    ps_core::payload::read_f32_le(g, &mut combined[at..]);
                 }
             }
         }
