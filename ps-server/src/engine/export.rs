@@ -245,7 +245,7 @@ impl RowBatch {
 
 /// The parameters of a stored sparse row of `dim` values.
 fn params_of(stored: &[u8], dim: usize) -> &[u8] {
-    super::table::split_row(stored, dim).0
+    super::cell::split_row(stored, dim).0
 }
 
 /// Every row of sparse table `t`, ascending.

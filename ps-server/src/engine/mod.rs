@@ -28,12 +28,15 @@
 
 mod admin;
 mod admission;
+mod cell;
 mod dedup;
 mod dense;
 mod error;
 mod eviction;
+mod expiry;
 mod export;
 mod keys;
+mod paging;
 mod read;
 mod recovery;
 mod routing;
@@ -277,7 +280,7 @@ impl<S: Store> Engine<S> {
             .spawn(move || writer.run_writer(rx))
             .map_err(StoreError::Io)?;
         if inner.store.durable() {
-            eviction::start_ticker(&tx).map_err(StoreError::Io)?;
+            expiry::start_ticker(&tx).map_err(StoreError::Io)?;
         }
         let units = (inner.cfg.max_queued_bytes / BUDGET_UNIT).clamp(1, Semaphore::MAX_PERMITS);
         Ok(Self {

@@ -6,11 +6,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use super::cell::Cell;
 use super::keys::{
     META_DEDUP, META_FLOOR, META_IDENTITY, META_LOG_POS, META_NEXT_ID, META_TABLE, StoredIdentity,
     StoredTable, be_u64, le_u64, read_f32s, rows_key,
 };
-use super::table::{Cell, Table, TableData, footprint};
+use super::table::{Table, TableData, footprint};
 use super::{EngineError, Inner, Result, Unloaded};
 use crate::dense_log::Logged;
 use crate::store::{Cf, Store, StoreBatch, StoreError};

@@ -10,10 +10,11 @@ use std::time::Instant;
 use ps_core::{NonFinitePolicy, PushDense, PushSparse, TableKind};
 use tokio::sync::{mpsc, oneshot};
 
+use super::cell::Cell;
 use super::dedup::Dedup;
 use super::keys::rows_key;
 use super::rows::Row;
-use super::table::{Cell, Table, TableData, ThreadCpu};
+use super::table::{Table, TableData, ThreadCpu};
 use super::{Cmd, EngineError, Inner, Job, PushOutcome, Result};
 use crate::dense_log::DenseLog;
 use crate::metrics as m;

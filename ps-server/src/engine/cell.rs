@@ -1,0 +1,97 @@
+//! A cell: one chunk of a dense table or one row of a sparse table, its parameters followed by
+//! its optimizer state, and how a cell is read back from its stored form.
+
+use ps_core::TableSpec;
+
+use crate::optim;
+
+/// One chunk of a dense table or one row of a sparse table: parameters, then optimizer state.
+#[derive(Debug)]
+pub(super) struct Cell {
+    pub(super) step: u64,
+    /// `n` parameters followed by `n * state_slots` optimizer values.
+    pub(super) data: Box<[f32]>,
+}
+
+impl Cell {
+    /// A cell of `n` values read from the store: its parameters, then (when its optimizer
+    /// keeps state) the step and the state values; `None` for the state of an SGD cell. A
+    /// sparse row's parameters may carry its step and state after them (one entry per row,
+    /// [`super::table::Table::put_cell`]); `state` is then not read.
+    pub(super) fn stored(
+        spec: &TableSpec,
+        n: usize,
+        params: &[u8],
+        state: Option<&[u8]>,
+    ) -> Result<Self, crate::store::StoreError> {
+        let slots = spec.optimizer.state_slots();
+        let mut data = vec![0.0; n * (1 + slots)];
+        let (params, whole) = split_row(params, n);
+        let state = whole.or(state);
+        super::keys::read_f32s(params, &mut data[..n])?;
+        let mut step = 0;
+        if slots > 0 {
+            let state = state.ok_or_else(|| {
+                crate::store::StoreError::Corrupt("a stored row without its optimizer state".into())
+            })?;
+            step = read_state(state, &mut data[n..])?;
+        }
+        Ok(Self {
+            step,
+            data: data.into_boxed_slice(),
+        })
+    }
+
+    /// Sets the cell's step and optimizer state (after its `n` parameters) from their stored
+    /// form.
+    pub(super) fn load_state(
+        &mut self,
+        n: usize,
+        stored: &[u8],
+    ) -> Result<(), crate::store::StoreError> {
+        self.step = read_state(stored, &mut self.data[n..])?;
+        Ok(())
+    }
+
+    pub(super) fn fresh(spec: &TableSpec, table_hash: u64, key: u64, n: usize) -> Self {
+        let mut data = vec![0.0; n * (1 + spec.optimizer.state_slots())];
+        spec.initializer.fill(table_hash, key, &mut data[..n]);
+        data[n..].copy_from_slice(&optim::initial_state(&spec.optimizer, n));
+        Self {
+            step: 0,
+            data: data.into_boxed_slice(),
+        }
+    }
+
+    /// The stored form of the optimizer state: step count, then the state values.
+    pub(super) fn encode_state<'a>(&self, n: usize, buf: &'a mut Vec<u8>) -> &'a [u8] {
+        buf.clear();
+        self.append_state(n, buf);
+        buf
+    }
+
+    /// Appends the stored form of the optimizer state to `buf`.
+    pub(super) fn append_state(&self, n: usize, buf: &mut Vec<u8>) {
+        buf.extend_from_slice(&self.step.to_le_bytes());
+        buf.extend_from_slice(bytemuck::cast_slice(&self.data[n..]));
+    }
+}
+
+/// A stored row of `n` values: its parameters, and the step and state a row stored as one
+/// entry ([`super::table::Table::put_cell`]) carries after them.
+pub(super) fn split_row(stored: &[u8], n: usize) -> (&[u8], Option<&[u8]>) {
+    match stored.split_at_checked(n * 4) {
+        Some((params, after)) if !after.is_empty() => (params, Some(after)),
+        _ => (stored, None),
+    }
+}
+
+/// Reads a stored optimizer state (the step count, then the state values) into `state`;
+/// returns the step.
+fn read_state(stored: &[u8], state: &mut [f32]) -> Result<u64, crate::store::StoreError> {
+    if stored.len() < 8 {
+        return Err(crate::store::StoreError::Corrupt("optimizer state".into()));
+    }
+    super::keys::read_f32s(&stored[8..], state)?;
+    super::keys::le_u64(&stored[..8])
+}

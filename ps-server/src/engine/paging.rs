@@ -1,0 +1,156 @@
+//! Rows paged between the store and the cache: misses read from the store in one consistent
+//! read per request, and the CLOCK sweep that keeps the cache within its budget (the policy and
+//! the cache's rules: `rows.rs`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use super::Inner;
+use super::cell::Cell;
+use super::rows::{Row, Rows, STRIPES};
+use super::table::{Table, TableData};
+use crate::store::{Cf, Store, StoreError};
+
+impl<S: Store> Inner<S> {
+    /// Reads rows `ids` of `table` from the store, one consistent read for all of them (with
+    /// their last push times when the table evicts rows); rows it does not hold are absent
+    /// from the answer.
+    pub(super) fn fetch_rows(
+        &self,
+        table: &Table,
+        ids: &[u64],
+    ) -> Result<HashMap<u64, Row, foldhash::fast::RandomState>, StoreError> {
+        let mut found = HashMap::with_capacity_and_hasher(ids.len(), Default::default());
+        if ids.is_empty() || !self.store.durable() {
+            return Ok(found);
+        }
+        let keys: Vec<[u8; 12]> = ids.iter().map(|&id| table.key(id)).collect();
+        let with_state = table.spec.optimizer.state_slots() > 0;
+        let with_touch = table.eviction.is_some();
+        let mut reads: Vec<(Cf, &[u8])> = keys.iter().map(|k| (Cf::Params, &k[..])).collect();
+        if with_state {
+            reads.extend(keys.iter().map(|k| (Cf::Optim, &k[..])));
+        }
+        if with_touch {
+            reads.extend(keys.iter().map(|k| (Cf::Touched, &k[..])));
+        }
+        let n = ids.len();
+        let mut params: Vec<Option<Vec<u8>>> = vec![None; n];
+        let mut states: Vec<Option<Vec<u8>>> = vec![None; if with_state { n } else { 0 }];
+        let mut touched = vec![0u32; if with_touch { n } else { 0 }];
+        let touch_from = if with_state { 2 * n } else { n };
+        self.store.multi_get(&reads, &mut |i, v| {
+            if i < n {
+                params[i] = Some(v.to_vec());
+            } else if i < touch_from {
+                states[i - n] = Some(v.to_vec());
+            } else {
+                touched[i - touch_from] = super::keys::read_touched(v)?;
+            }
+            Ok(())
+        })?;
+        let dim = table.spec.row_dim();
+        for (i, p) in params.into_iter().enumerate() {
+            if let Some(p) = p {
+                let state = states.get(i).and_then(|s| s.as_deref());
+                let cell = Cell::stored(&table.spec, dim, &p, state)?;
+                let at = touched.get(i).copied().unwrap_or(0);
+                found.insert(ids[i], Row::new(cell, at));
+            }
+        }
+        Ok(found)
+    }
+
+    /// Fills the rows at positions `missing` of a pull of `ids` (not in memory) into `buf`:
+    /// from the store, or the initializer for rows never pushed. Rows read from the store
+    /// are put in memory while the cache has room and no eviction began since the read.
+    pub(super) fn read_missing(
+        &self,
+        table: &Table,
+        rows: &Rows,
+        ids: &[u64],
+        missing: &[usize],
+        buf: &mut [f32],
+    ) -> Result<(), StoreError> {
+        let dim = table.spec.row_dim();
+        let mut want: Vec<u64> = missing.iter().map(|&i| ids[i]).collect();
+        want.sort_unstable();
+        want.dedup();
+        let epoch = self.cache.epoch.load(Ordering::SeqCst);
+        let mut fetched = self.fetch_rows(table, &want)?;
+        for &i in missing {
+            let out = &mut buf[i * dim..(i + 1) * dim];
+            match fetched.get(&ids[i]) {
+                Some(row) => out.copy_from_slice(&row.cell.data[..dim]),
+                None => table.spec.initializer.fill(table.hash, ids[i], out),
+            }
+        }
+        if fetched.is_empty() || !self.cache_has_room(fetched.len() as u64 * table.row_bytes()) {
+            return Ok(());
+        }
+        for (id, row) in fetched.drain() {
+            let mut stripe = rows.stripe(id).write();
+            // Checked under the stripe's lock: a sweep bumps the epoch before taking one.
+            if self.cache.epoch.load(Ordering::SeqCst) != epoch {
+                break;
+            }
+            rows.insert_absent(&mut stripe, id, row);
+        }
+        Ok(())
+    }
+
+    /// Bytes of sparse rows in memory, over every table.
+    pub(super) fn cache_used(&self) -> u64 {
+        self.tables
+            .read()
+            .values()
+            .filter(|t| matches!(t.data, TableData::Sparse(_)))
+            .map(|t| t.memory_bytes())
+            .sum()
+    }
+
+    /// Whether a reader may put `bytes` more of rows in memory.
+    pub(super) fn cache_has_room(&self, bytes: u64) -> bool {
+        self.cache
+            .budget
+            .is_some_and(|budget| self.cache_used() + bytes <= budget)
+    }
+
+    /// Evicts rows, by CLOCK, until the cache is back under 15/16 of its budget. The writer
+    /// calls it after a group is written, so every row it evicts is in the store.
+    pub(super) fn evict(&self) {
+        let Some(budget) = self.cache.budget else {
+            return;
+        };
+        let mut used = self.cache_used();
+        if used <= budget || self.failed.lock().is_some() {
+            return;
+        }
+        let low = budget - budget / 16;
+        let tables: Vec<Arc<Table>> = self
+            .tables
+            .read()
+            .values()
+            .filter(|t| matches!(t.data, TableData::Sparse(_)))
+            .cloned()
+            .collect();
+        let mut hand = self.cache.hand.lock();
+        let positions = tables.len() as u64 * STRIPES as u64;
+        // Two turns of the hand clear every bit and evict every row: enough in every case.
+        for _ in 0..2 * positions {
+            if used <= low {
+                break;
+            }
+            *hand = (*hand + 1) % positions;
+            let table = &tables[(*hand / STRIPES as u64) as usize];
+            let TableData::Sparse(rows) = &table.data else {
+                continue;
+            };
+            self.cache.epoch.fetch_add(1, Ordering::SeqCst);
+            let evicted = rows.sweep((*hand % STRIPES as u64) as usize);
+            used = used.saturating_sub(evicted * table.row_bytes());
+            self.cache.evictions.fetch_add(evicted, Ordering::Relaxed);
+        }
+    }
+}
