@@ -68,6 +68,9 @@ pub struct LocalArgs {
     /// A coordinated checkpoint every this many clocks (0: none).
     #[arg(long, default_value_t = 0)]
     pub checkpoint_every: u64,
+    /// The newest checkpoints kept; older ones are deleted (0: all).
+    #[arg(long, default_value_t = 0)]
+    pub keep_checkpoints: u32,
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
     /// Where the run's files go (default: runs/<name>-<unix time>).
@@ -392,6 +395,7 @@ model = "{model}"
 global_batch = {batch}
 balance_batches = {balance}
 checkpoint_every = {ckpt}
+keep_checkpoints = {keep}
 seed = {seed}
 
 [model_tables]
@@ -413,6 +417,7 @@ codec = "{codec}"
         batch = a.batch,
         balance = a.balance,
         ckpt = a.checkpoint_every,
+        keep = a.keep_checkpoints,
         seed = a.seed,
         optimizer = if a.momentum_correction {
             "sgd"

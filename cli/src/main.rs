@@ -45,6 +45,9 @@ enum Cmd {
     Checkpoint { job: String },
     /// Lists a job's complete checkpoints, oldest first.
     Checkpoints { job: String },
+    /// Deletes one of a job's checkpoints from every shard and from its list, and prints the
+    /// bytes freed (a job's `keep_checkpoints` does this for the older ones by itself).
+    DeleteCheckpoint { job: String, name: String },
     /// Restores a job's shards to a checkpoint (the latest by default) and restarts its workers
     /// at that clock.
     Resume {
@@ -109,6 +112,7 @@ impl Cmd {
             Self::Cancel { .. } => "cancel",
             Self::Checkpoint { .. } => "checkpoint",
             Self::Checkpoints { .. } => "checkpoints",
+            Self::DeleteCheckpoint { .. } => "delete-checkpoint",
             Self::Resume { .. } => "resume",
             Self::Export { .. } => "export",
             Self::Shards => "shards",
@@ -316,6 +320,14 @@ async fn run(cli: &Cli) -> Result<(), Failure> {
                         c.shards.iter().map(|x| x.bytes).sum::<u64>()
                     );
                 }
+            }
+        }
+        Cmd::DeleteCheckpoint { job, name } => {
+            let freed = s.delete_checkpoint(job, name).await?;
+            if cli.json {
+                print_json(&serde_json::json!({ "job": job, "name": name, "freed_bytes": freed }));
+            } else {
+                ps_cli::outln!("checkpoint `{name}` of job `{job}` deleted ({freed} bytes freed)");
             }
         }
         Cmd::Resume { job, checkpoint } => {

@@ -347,10 +347,19 @@ impl<S: Store> ParameterServer for PsService<S> {
             since: (!r.since.is_empty()).then_some(r.since),
             tables,
         };
+        let hold = self.shard.hold(
+            &[Some(req.checkpoint.as_str()), req.since.as_deref()]
+                .into_iter()
+                .flatten()
+                .collect::<Vec<_>>(),
+            "an export reads it",
+        );
         let engine = self.engine();
         // A few parts in flight: the export reads as fast as the client takes them.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         tokio::task::spawn_blocking(move || {
+            // Held until the last part is sent.
+            let _hold = hold;
             let done = engine.export(&req, &mut |part| {
                 tx.blocking_send(Ok(pb::ExportPart::from(part))).is_ok()
             });
@@ -361,6 +370,26 @@ impl<S: Store> ParameterServer for PsService<S> {
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(
             rx,
         )))
+    }
+
+    #[instrument(skip_all, fields(name))]
+    async fn delete_checkpoint(
+        &self,
+        req: Request<pb::DeleteCheckpointRequest>,
+    ) -> Result<Response<pb::DeleteCheckpointResponse>, Status> {
+        const M: &str = "DeleteCheckpoint";
+        check_cluster_wide(M, &Caller::of(&req))?;
+        let name = req.into_inner().name;
+        tracing::Span::current().record("name", name.as_str());
+        let done = self
+            .shard
+            .delete_checkpoint(name)
+            .await
+            .map_err(|e| refuse(M, e))?;
+        Ok(Response::new(pb::DeleteCheckpointResponse {
+            deleted: done.deleted,
+            freed_bytes: done.freed_bytes,
+        }))
     }
 
     async fn get_stats(

@@ -140,6 +140,12 @@ impl From<EngineError> for Status {
                 message,
                 [("checkpoint", name)],
             ),
+            EngineError::CheckpointInUse { name, .. } => refusal(
+                Code::FailedPrecondition,
+                reason::CHECKPOINT_IN_USE,
+                message,
+                [("checkpoint", name)],
+            ),
             EngineError::CheckpointExists { name, .. } => refusal(
                 Code::AlreadyExists,
                 reason::CHECKPOINT_EXISTS,

@@ -48,7 +48,10 @@ pub enum SchedError {
         state: JobState,
         message: String,
     },
-    #[error("job `{job}` is already taking a checkpoint or resuming; try again when it is done")]
+    #[error(
+        "job `{job}` is already taking, restoring or deleting a checkpoint; try again when it is \
+         done"
+    )]
     Busy { job: String },
     #[error("job `{job}` has no checkpoint named `{name}`")]
     NoSuchCheckpoint { job: String, name: String },

@@ -412,6 +412,22 @@ impl SchedulerApi for SchedulerService {
         }))
     }
 
+    #[instrument(skip_all, fields(job = %req.get_ref().job, name = %req.get_ref().name))]
+    async fn delete_checkpoint(
+        &self,
+        req: Request<pb::DeleteJobCheckpointRequest>,
+    ) -> Result<Response<pb::DeleteJobCheckpointResponse>, Status> {
+        let caller = Caller::of(&req);
+        let r = req.into_inner();
+        let freed_bytes = self
+            .sched
+            .delete_checkpoint(job_of(&caller, &r.job)?, &r.name)
+            .await?;
+        Ok(Response::new(pb::DeleteJobCheckpointResponse {
+            freed_bytes,
+        }))
+    }
+
     #[instrument(skip_all, fields(job = %req.get_ref().job))]
     async fn resume_job(
         &self,

@@ -167,11 +167,14 @@ pub struct Job {
     /// of its own, so one that reached some shards but was never recorded (a shard or the
     /// scheduler died mid-way) cannot make every later attempt collide with its leftovers.
     pub checkpoint_attempts: u64,
+    /// Shard-side checkpoints to delete: off the job's list (deleted, pruned, or attempts that
+    /// failed), not yet deleted from every shard. Tried again after each checkpoint.
+    pub deleting: Vec<String>,
     /// Scheduled checkpoints that failed in a row, and when the ticker may try the next one
     /// (backing off, so a shard that is down is not asked every tick).
     pub checkpoint_failures: u32,
     pub checkpoint_retry_at: Option<Instant>,
-    /// A checkpoint or resume is in progress (one at a time).
+    /// A checkpoint, a resume or a deletion is in progress (one at a time).
     pub checkpointing: bool,
     /// A resume holds every worker until the shards are restored.
     pub resuming: bool,
@@ -238,6 +241,7 @@ impl Job {
             creating_tables: false,
             checkpoints: Vec::new(),
             checkpoint_attempts: 0,
+            deleting: Vec::new(),
             checkpoint_failures: 0,
             checkpoint_retry_at: None,
             checkpointing: false,
@@ -711,6 +715,9 @@ pub struct SavedJob {
     /// [`Job::checkpoint_attempts`] (absent in older files: the checkpoints' count is used).
     #[serde(default)]
     pub checkpoint_attempts: u64,
+    /// [`Job::deleting`].
+    #[serde(default)]
+    pub deleting: Vec<String>,
     /// The job's clock ([`Clocks::current`]): where workers join when none is live.
     #[serde(default)]
     pub clock: u64,
@@ -757,6 +764,7 @@ impl Job {
                 .collect(),
             checkpoints: self.checkpoints.clone(),
             checkpoint_attempts: self.checkpoint_attempts,
+            deleting: self.deleting.clone(),
             clock: self.clocks.current(),
             cost: self.cost.save(),
         }
@@ -776,6 +784,7 @@ impl Job {
         let last = s.checkpoints.last().map(|c| c.clock).unwrap_or(0);
         job.checkpoints = s.checkpoints;
         job.checkpoint_attempts = s.checkpoint_attempts;
+        job.deleting = s.deleting;
         job.clocks
             .set_barrier(next_boundary(job.spec.checkpoint_every, last));
         job.clocks.set_floor(s.clock);

@@ -211,6 +211,100 @@ async fn checkpoint_writes_a_verifiable_manifest_on_every_shard() {
     cluster.stop().await;
 }
 
+/// Deleting a checkpoint: refused while an export reads it, then gone from every shard (nothing
+/// left that reads as a checkpoint), idempotent, bad names refused; the checkpoint taken after it
+/// shares its files (hard links) and still verifies and restores.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_checkpoint_is_gone_from_every_shard_and_the_next_one_still_restores() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    // 64 MiB: more than an export stream's window and queue hold, so an export nobody reads
+    // stays in progress.
+    const N: usize = 16 << 20;
+    ps.create_table(TableSpec::dense("w", &[N as u64]).unwrap())
+        .await
+        .unwrap();
+    ps.push_dense("w", &ramp(N)).await.unwrap();
+    ps.checkpoint("a").await.unwrap();
+    let mut grad = vec![0.0; N];
+    grad[7] = 1.0;
+    ps.push_dense("w", &grad).await.unwrap();
+    let b = ps.checkpoint("b").await.unwrap();
+    let at_b = ps.pull_dense("w").await.unwrap();
+
+    let mut export = ps
+        .export_checkpoint(0, "a", None, &["w".to_owned()])
+        .await
+        .unwrap();
+    assert!(export.next().await.unwrap().is_some());
+    let e = ps.delete_checkpoint("a").await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::FailedPrecondition), "{e}");
+    assert_eq!(e.reason(), Some("CHECKPOINT_IN_USE"), "{e}");
+    assert!(
+        cluster.data_dirs[0]
+            .join("checkpoints/a/MANIFEST.json")
+            .exists()
+    );
+    drop(export);
+    // The export notices its reader left at its next part, and lets the checkpoint go.
+    let mut done = None;
+    for _ in 0..100 {
+        match ps.delete_checkpoint("a").await {
+            Ok(d) => {
+                done = Some(d);
+                break;
+            }
+            Err(e) if e.reason() == Some("CHECKPOINT_IN_USE") => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let done = done.expect("the checkpoint was let go once its export ended");
+    // Shard 1, which no export held, deleted it at the first call.
+    assert!(!done[1].deleted, "{done:?}");
+    // At least its manifests (RocksDB's and ours) were its own; its table files are shared
+    // with `b` and the live store.
+    assert!(done[0].deleted && done[0].freed_bytes > 0, "{done:?}");
+    for data in &cluster.data_dirs {
+        let left: Vec<String> = std::fs::read_dir(data.join("checkpoints"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(left, ["b"], "{}", data.display());
+    }
+    // Idempotent; bad names are refused; the deleted checkpoint is not found.
+    for d in ps.delete_checkpoint("a").await.unwrap() {
+        assert_eq!(
+            d,
+            ps_client::Deleted {
+                deleted: false,
+                freed_bytes: 0
+            }
+        );
+    }
+    for bad in ["", "../b", ".hidden", "a/b"] {
+        let e = ps.delete_checkpoint(bad).await.unwrap_err();
+        assert_eq!(e.code(), Some(tonic::Code::InvalidArgument), "{bad:?}: {e}");
+    }
+    let mut gone = ps
+        .export_checkpoint(1, "a", None, &["w".to_owned()])
+        .await
+        .unwrap();
+    let e = gone.next().await.unwrap_err();
+    assert_eq!(e.code(), Some(tonic::Code::NotFound), "{e}");
+    // `b` kept every file it links with `a`: it verifies and restores.
+    for cp in &b {
+        ps_server::checkpoint::verify(std::path::Path::new(&cp.path)).unwrap();
+    }
+    ps.push_dense("w", &grad).await.unwrap();
+    ps.restore_checkpoint(&["b".to_owned(), "b".to_owned()])
+        .await
+        .unwrap();
+    assert!(ps.pull_dense("w").await.unwrap() == at_b);
+    cluster.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_dense_calls_take_the_bulk_stream_and_a_shard_without_one_is_served_by_grpc() {
     // Shard 1 offers no bulk stream: the client must reach it through gRPC.

@@ -437,7 +437,8 @@ async fn checkpoint_resume_and_scheduler_restart() {
 /// What a checkpoint attempt leaves on a shard when it reached that shard but was never recorded
 /// (another shard failed, or the scheduler died before saving it): a checkpoint by the name the
 /// next attempt at the same clock would take. The scheduled checkpoint fails once on it, is taken
-/// again under a name of its own after a short back-off, and the job goes on past the boundary.
+/// again under a name of its own after a short back-off, and the job goes on past the boundary;
+/// what the failed attempt left on either shard is deleted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_checkpoint_left_on_a_shard_by_an_unrecorded_attempt_does_not_block_the_job() {
     let c = cluster(2).await;
@@ -475,7 +476,144 @@ async fn a_checkpoint_left_on_a_shard_by_an_unrecorded_attempt_does_not_block_th
             );
         }
     }
-    assert_eq!(std::fs::read_dir(&left).unwrap().count(), 0);
+    for shard in ["shard-0", "shard-1"] {
+        let dir = c.dir.path().join(shard).join("checkpoints");
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        assert_eq!(names, ["left-c4-1", "left-c8-2"], "{}", dir.display());
+    }
+}
+
+/// Shard directories under `checkpoints/` and job manifests, once they settle on `want`.
+async fn checkpoints_on_disk(c: &Cluster, job: &str, want: &[&str]) -> Vec<Vec<String>> {
+    let list = |dir: PathBuf, strip: &str| {
+        let mut names: Vec<String> = std::fs::read_dir(&dir)
+            .map(|d| {
+                d.map(|e| {
+                    let n = e.unwrap().file_name().to_string_lossy().into_owned();
+                    n.strip_suffix(strip).unwrap_or(&n).to_owned()
+                })
+                .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let mut got = Vec::new();
+    for _ in 0..100 {
+        got = vec![
+            list(c.dir.path().join("shard-0/checkpoints"), ""),
+            list(c.dir.path().join("shard-1/checkpoints"), ""),
+            list(
+                c.sched.data.join("jobs").join(job).join("checkpoints"),
+                ".json",
+            ),
+        ];
+        if got.iter().all(|g| g == want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    got
+}
+
+/// `keep_checkpoints`: only the newest checkpoints stay, on the shards and in the job's list;
+/// `psctl delete-checkpoint` deletes one more (freeing bytes), a second time says it is not
+/// found; the one left still resumes the job, and a scheduler restart keeps the list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn old_checkpoints_are_deleted_past_keep_checkpoints_and_on_demand() {
+    let c = cluster(2).await;
+    let sched = SchedulerClient::connect(&c.sched.url).await.unwrap();
+    sched
+        .submit(&job(
+            "keep",
+            "bsp",
+            1,
+            "checkpoint_every = 2\nkeep_checkpoints = 2",
+        ))
+        .await
+        .unwrap();
+    let seen: Seen = Arc::default();
+    let w = tokio::spawn(worker(
+        c.sched.url.clone(),
+        "keep".into(),
+        0,
+        9,
+        Duration::from_millis(10),
+        seen.clone(),
+    ));
+    let clock = tokio::time::timeout(Duration::from_secs(60), w)
+        .await
+        .expect("the job went past its checkpoint boundaries")
+        .unwrap()
+        .unwrap();
+    assert_eq!(clock, 9);
+    // Checkpoints at clocks 2, 4, 6 and 8; the two oldest deleted.
+    let kept = ["keep-c6-2", "keep-c8-3"];
+    let ckpts = sched.checkpoints("keep").await.unwrap();
+    let names: Vec<&str> = ckpts.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, kept, "{ckpts:?}");
+    let on_disk = checkpoints_on_disk(&c, "keep", &kept).await;
+    assert!(on_disk.iter().all(|d| d == &kept), "{on_disk:?}");
+
+    let (code, out) = psctl(&c.sched.url, &["delete-checkpoint", "keep", "keep-c6-2"]);
+    assert_eq!(code, Some(0), "{out}");
+    let freed: u64 = out
+        .split(" bytes freed")
+        .next()
+        .and_then(|s| s.rsplit('(').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(freed > 0, "{out}");
+    let on_disk = checkpoints_on_disk(&c, "keep", &["keep-c8-3"]).await;
+    assert!(on_disk.iter().all(|d| d == &["keep-c8-3"]), "{on_disk:?}");
+    let (code, out) = psctl(&c.sched.url, &["delete-checkpoint", "keep", "keep-c6-2"]);
+    assert_eq!(code, Some(4), "{out}");
+
+    let restarted = Cluster {
+        sched: c.sched.restart().await,
+        ..c
+    };
+    let sched = SchedulerClient::connect(&restarted.sched.url)
+        .await
+        .unwrap();
+    let names: Vec<String> = sched
+        .checkpoints("keep")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(names, ["keep-c8-3"]);
+    let mut ps = None;
+    for _ in 0..100 {
+        match sched.ps_client(client_cfg()).await {
+            Ok(p) => {
+                ps = Some(p);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let ps = ps.expect("the shards registered again");
+    assert_eq!(ps.pull_dense("keep/progress").await.unwrap(), [9.0]);
+    let mut resumed = None;
+    for _ in 0..100 {
+        match sched.resume("keep", None).await {
+            Ok(st) => {
+                resumed = Some(st);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    let st = resumed.expect("the job resumes from the checkpoint left");
+    assert_eq!(st.latest_checkpoint.as_deref(), Some("keep-c8-3"));
+    // Eight clocks of +1: the state at the checkpoint, not the ninth clock's.
+    assert_eq!(ps.pull_dense("keep/progress").await.unwrap(), [8.0]);
 }
 
 /// What the export reader in docs/ (Python, standard library only) reads from `dir`, with the

@@ -397,6 +397,11 @@ const ROLE_TABLE: &[(&str, &str, [&str; 5])] = &[
     ),
     (
         "ParameterServer",
+        "DeleteCheckpoint",
+        ["unauth", "denied", "ok", "denied", "denied"],
+    ),
+    (
+        "ParameterServer",
         "GetStats",
         ["unauth", "denied", "ok", "denied", "ok"],
     ),
@@ -468,6 +473,11 @@ const ROLE_TABLE: &[(&str, &str, [&str; 5])] = &[
     (
         "Scheduler",
         "ResumeJob",
+        ["unauth", "denied", "ok", "denied", "denied"],
+    ),
+    (
+        "Scheduler",
+        "DeleteCheckpoint",
         ["unauth", "denied", "ok", "denied", "denied"],
     ),
 ];

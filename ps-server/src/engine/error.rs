@@ -117,6 +117,8 @@ pub enum EngineError {
     NotDurable,
     #[error("this shard has no checkpoint named `{name}`")]
     NoSuchCheckpoint { name: String },
+    #[error("checkpoint `{name}` is in use ({what}); retry once that is done")]
+    CheckpointInUse { name: String, what: &'static str },
     #[error("checkpoint `{name}` already exists at {path}")]
     CheckpointExists { name: String, path: String },
     /// Writing or installing a checkpoint failed (the shard's state is unchanged).

@@ -3,6 +3,7 @@
 //! a checkpoint as a new generation of the data directory, opens an engine on it and swaps it
 //! in, while requests keep being served by the old engine until the swap.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -35,6 +36,46 @@ pub struct Restored {
     pub sequence: u64,
 }
 
+/// What a deletion did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deleted {
+    /// False when there was no checkpoint of that name.
+    pub deleted: bool,
+    /// Bytes of the files no longer linked anywhere.
+    pub freed_bytes: u64,
+}
+
+/// A checkpoint directory being deleted is first renamed to this prefix and a name no
+/// checkpoint can have (names never start with `.`), so the name is gone at once and a crash
+/// in the middle leaves nothing that reads as a checkpoint.
+const DELETING: &str = ".deleting-";
+
+/// The checkpoints something reads (an export, a restore) or writes, by name, with what holds
+/// each: a deletion is refused while one is held.
+#[derive(Debug, Default)]
+struct Holds(parking_lot::Mutex<HashMap<String, (usize, &'static str)>>);
+
+/// Holds checkpoints until dropped ([`Shard::hold`]).
+#[derive(Debug)]
+pub struct Hold {
+    holds: Arc<Holds>,
+    names: Vec<String>,
+}
+
+impl Drop for Hold {
+    fn drop(&mut self) {
+        let mut held = self.holds.0.lock();
+        for n in &self.names {
+            if let Some((count, _)) = held.get_mut(n) {
+                *count -= 1;
+                if *count == 0 {
+                    held.remove(n);
+                }
+            }
+        }
+    }
+}
+
 /// The shard's engine, replaced by a restore while the service runs.
 pub struct Shard<S: Store> {
     slot: RwLock<Engine<S>>,
@@ -42,6 +83,7 @@ pub struct Shard<S: Store> {
     restore: Option<(PathBuf, Reopen<S>)>,
     /// One restore at a time.
     restoring: tokio::sync::Mutex<()>,
+    holds: Arc<Holds>,
 }
 
 impl<S: Store> std::fmt::Debug for Shard<S> {
@@ -91,7 +133,70 @@ impl<S: Store> Shard<S> {
             slot: RwLock::new(engine),
             restore,
             restoring: tokio::sync::Mutex::new(()),
+            holds: Arc::default(),
         }
+    }
+
+    /// Holds checkpoints `names` against deletion until the hold is dropped; `what` says why,
+    /// for the refusal.
+    pub fn hold(&self, names: &[&str], what: &'static str) -> Hold {
+        let mut held = self.holds.0.lock();
+        for n in names {
+            held.entry((*n).to_owned()).or_insert((0, what)).0 += 1;
+        }
+        Hold {
+            holds: self.holds.clone(),
+            names: names.iter().map(|n| (*n).to_owned()).collect(),
+        }
+    }
+
+    /// Deletes checkpoint `name`: renamed away at once (refused while held), then its files
+    /// removed off the runtime, with those a crash left behind in an earlier deletion.
+    pub async fn delete_checkpoint(&self, name: String) -> Result<Deleted> {
+        if name.is_empty() {
+            return Err(ValidationError::new("name", "empty; name the checkpoint").into());
+        }
+        let name = checkpoint_name(name)?;
+        let dir = self
+            .engine()
+            .config()
+            .checkpoint_dir
+            .clone()
+            .ok_or(EngineError::NotDurable)?;
+        let failed = |cause: String| EngineError::Checkpoint {
+            name: name.clone(),
+            cause,
+        };
+        let path = dir.join(&name);
+        {
+            // Renamed under the lock: a hold taken after it finds no checkpoint of that name.
+            let held = self.holds.0.lock();
+            if let Some((_, what)) = held.get(&name) {
+                return Err(EngineError::CheckpointInUse {
+                    name: name.clone(),
+                    what,
+                });
+            }
+            if !path.is_dir() {
+                return Ok(Deleted {
+                    deleted: false,
+                    freed_bytes: 0,
+                });
+            }
+            let away = dir.join(format!("{DELETING}{name}-{}", unix_ms()));
+            std::fs::rename(&path, &away)
+                .and_then(|()| ps_runtime::config::sync_dir(&dir))
+                .map_err(|e| failed(format!("renaming it away: {e}")))?;
+        }
+        let freed_bytes = tokio::task::spawn_blocking(move || remove_deleted(&dir))
+            .await
+            .map_err(|e| failed(format!("the delete task failed: {e}")))?
+            .map_err(|e| failed(format!("removing its files: {e}")))?;
+        tracing::info!(name, freed_bytes, "checkpoint deleted");
+        Ok(Deleted {
+            deleted: true,
+            freed_bytes,
+        })
     }
 
     /// The engine serving requests now.
@@ -102,6 +207,7 @@ impl<S: Store> Shard<S> {
     /// Checkpoints the store as `name` (a time-based name when empty) and writes its manifest.
     pub async fn checkpoint(&self, name: String) -> Result<Checkpointed> {
         let name = checkpoint_name(name)?;
+        let _hold = self.hold(&[&name], "it is being written");
         let engine = self.engine();
         let done = engine.checkpoint_store(name).await?;
         let cfg = engine.config();
@@ -161,6 +267,7 @@ impl<S: Store> Shard<S> {
             return Err(EngineError::NoSuchCheckpoint { name });
         }
         let _one = self.restoring.lock().await;
+        let _hold = self.hold(&[&name], "a restore reads it");
         let cfg = engine.config().clone();
         drop(engine);
         let failed = |cause: String| EngineError::Checkpoint {
@@ -207,4 +314,31 @@ impl<S: Store> Shard<S> {
     pub fn close(&self) {
         self.engine().close();
     }
+}
+
+/// Removes every directory under `dir` that a deletion renamed away; the bytes of the files
+/// that were linked nowhere else.
+fn remove_deleted(dir: &Path) -> std::io::Result<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let mut freed = 0;
+    for e in std::fs::read_dir(dir)? {
+        let e = e?;
+        if !e.file_name().to_string_lossy().starts_with(DELETING) {
+            continue;
+        }
+        let mut stack = vec![e.path()];
+        while let Some(d) = stack.pop() {
+            for f in std::fs::read_dir(&d)? {
+                let f = f?;
+                let meta = f.metadata()?;
+                if meta.is_dir() {
+                    stack.push(f.path());
+                } else if meta.nlink() == 1 {
+                    freed += meta.len();
+                }
+            }
+        }
+        std::fs::remove_dir_all(e.path())?;
+    }
+    Ok(freed)
 }

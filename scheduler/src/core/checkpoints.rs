@@ -116,7 +116,118 @@ impl Scheduler {
             Err(e) => tracing::warn!(job, clock = boundary, error = %e, "checkpoint failed"),
         }
         m::checkpoint(job, result.is_ok());
+        // The workers go on meanwhile: the barrier is lifted.
+        if let Err(e) = self.prune(job).await {
+            tracing::warn!(job, error = %e, "deleting old checkpoints failed; tried again after the next checkpoint");
+        }
         result
+    }
+
+    /// Deletes the job's checkpoint `name`: off its list at once (saved before any shard is
+    /// asked, so the list never shows a checkpoint some shard has lost), then from every shard.
+    /// The bytes freed on the shards' disks.
+    pub async fn delete_checkpoint(&self, job: &str, name: &str) -> Result<u64> {
+        self.with_job(job, |j, _| {
+            if j.checkpointing {
+                return Err(SchedError::Busy {
+                    job: job.to_owned(),
+                });
+            }
+            let i = j
+                .checkpoints
+                .iter()
+                .position(|c| c.name == name)
+                .ok_or_else(|| SchedError::NoSuchCheckpoint {
+                    job: job.to_owned(),
+                    name: name.to_owned(),
+                })?;
+            j.checkpoints.remove(i);
+            j.deleting.push(name.to_owned());
+            j.checkpointing = true;
+            Ok(())
+        })??;
+        let freed = self.sweep(job).await;
+        self.release(job).await;
+        freed
+    }
+
+    /// Keeps the job's newest `keep_checkpoints` checkpoints and deletes the rest, with any
+    /// deletion an earlier attempt left unfinished. Skipped while a checkpoint, resume or
+    /// deletion runs (the next checkpoint prunes).
+    async fn prune(&self, job: &str) -> Result<()> {
+        let start = self.with_job(job, |j, _| {
+            if j.checkpointing {
+                return false;
+            }
+            let keep = j.spec.keep_checkpoints as usize;
+            if keep > 0 && j.checkpoints.len() > keep {
+                let old = j.checkpoints.len() - keep;
+                let names: Vec<String> = j.checkpoints.drain(..old).map(|c| c.name).collect();
+                j.deleting.extend(names);
+            }
+            j.checkpointing = !j.deleting.is_empty();
+            j.checkpointing
+        })?;
+        if !start {
+            return Ok(());
+        }
+        let swept = self.sweep(job).await;
+        self.release(job).await;
+        swept.map(|freed| {
+            tracing::info!(job, freed_bytes = freed, "old checkpoints deleted");
+        })
+    }
+
+    /// Ends what `delete_checkpoint` or `prune` began (they hold `checkpointing`).
+    async fn release(&self, job: &str) {
+        let _ = self.with_job(job, |j, _| {
+            j.checkpointing = false;
+            j.wake();
+        });
+        let _ = self.save().await;
+    }
+
+    /// Deletes every checkpoint in the job's `deleting` list from every shard, and its job
+    /// manifest; each leaves the list once every shard has deleted it. Stops at the first
+    /// failure (the rest stay listed for the next sweep). The caller holds `checkpointing`.
+    async fn sweep(&self, job: &str) -> Result<u64> {
+        // Off the list before any shard is asked: saved first.
+        self.save().await?;
+        let names = self.with_job(job, |j, _| j.deleting.clone())?;
+        let mut freed = 0;
+        if names.is_empty() {
+            return Ok(0);
+        }
+        let failed = |cause: String| SchedError::Shards {
+            action: "deleting checkpoints from the shards (they are off the job's list; tried \
+                     again after the next checkpoint or deletion)",
+            cause,
+        };
+        let ps = self.shards_client().await?;
+        for name in names {
+            let done = ps
+                .delete_checkpoint(&name)
+                .await
+                .map_err(|e| failed(e.to_string()))?;
+            freed += done.iter().map(|d| d.freed_bytes).sum::<u64>();
+            if let Some(dir) = self.checkpoint_dir(job) {
+                let path = dir.join(format!("{name}.json"));
+                match tokio::fs::remove_file(&path).await {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => {
+                        return Err(SchedError::Storage {
+                            what: "deleting a job manifest",
+                            cause: e.to_string(),
+                        });
+                    }
+                }
+            }
+            self.with_job(job, |j, _| j.deleting.retain(|n| *n != name))?;
+            tracing::info!(job, name, "checkpoint deleted from every shard");
+        }
+        self.save().await?;
+        Ok(freed)
     }
 
     pub(super) async fn checkpoint_at(&self, job: &str, clock: u64) -> Result<JobCheckpoint> {
@@ -133,6 +244,16 @@ impl Scheduler {
         // Recorded before any shard makes a checkpoint of this name (see `checkpoint_attempts`).
         self.save().await?;
         let name = format!("{job}-c{clock}-{n}");
+        let result = self.checkpoint_named(job, clock, &name).await;
+        if result.is_err() {
+            // What some shards wrote of a failed attempt is deleted with the next sweep.
+            let _ = self.with_job(job, |j, _| j.deleting.push(name));
+        }
+        result
+    }
+
+    async fn checkpoint_named(&self, job: &str, clock: u64, name: &str) -> Result<JobCheckpoint> {
+        let name = name.to_owned();
         let ps = self.shards_client().await?;
         let done = ps.checkpoint(&name).await.map_err(|e| SchedError::Shards {
             action: "checkpointing the shards",

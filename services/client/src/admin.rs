@@ -5,7 +5,7 @@ use ps_core::status::ShardStats;
 use ps_core::{ExportPart, TableKind, TableName, TableSpec};
 use ps_proto::v1 as pb;
 
-use crate::{ClientError, PsClient, ShardCheckpoint};
+use crate::{ClientError, Deleted, PsClient, ShardCheckpoint};
 
 pub(crate) fn table_name(name: &str) -> Result<TableName, ClientError> {
     TableName::try_from(name).map_err(|e| ClientError::InvalidInput(e.to_string()))
@@ -211,6 +211,28 @@ impl PsClient {
                 files: a.files,
                 bytes: a.bytes,
                 sequence: a.sequence,
+            })
+            .collect())
+    }
+
+    /// Deletes checkpoint `name` from every shard that has it (a shard without it answers
+    /// `deleted: false`); what each shard did, by shard index.
+    pub async fn delete_checkpoint(&self, name: &str) -> Result<Vec<Deleted>, ClientError> {
+        let req = pb::DeleteCheckpointRequest {
+            name: name.to_owned(),
+        };
+        let answers = self
+            .inner
+            .all(|mut c, _| {
+                let req = req.clone();
+                async move { c.delete_checkpoint(req).await }
+            })
+            .await?;
+        Ok(answers
+            .into_iter()
+            .map(|a| Deleted {
+                deleted: a.deleted,
+                freed_bytes: a.freed_bytes,
             })
             .collect())
     }

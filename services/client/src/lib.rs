@@ -58,7 +58,7 @@ pub use compress::TableCodec;
 pub use config::{ClientConfig, MapSource};
 pub use error::ClientError;
 pub use link::{Link, LinkChannel};
-pub use model::{PushSummary, ShardCheckpoint, ShardInfo};
+pub use model::{Deleted, PushSummary, ShardCheckpoint, ShardInfo};
 pub use ps_codec::{Codec, CompressOptions, Lz4Policy, SparseValues};
 pub use ps_core::status::{ShardStats, TableStats};
 use seq::SeqTracker;

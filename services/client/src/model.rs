@@ -51,6 +51,15 @@ impl PushSummary {
     }
 }
 
+/// What deleting a checkpoint did on one shard.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deleted {
+    /// False when the shard had no checkpoint of that name.
+    pub deleted: bool,
+    /// Bytes of files no longer linked anywhere on the shard's disk.
+    pub freed_bytes: u64,
+}
+
 /// A checkpoint taken on one shard.
 #[derive(Debug, Clone)]
 pub struct ShardCheckpoint {

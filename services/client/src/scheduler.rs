@@ -245,6 +245,22 @@ impl SchedulerClient {
             .collect())
     }
 
+    /// Deletes the job's checkpoint `name` from every shard and from the job's list; the
+    /// bytes freed on the shards' disks.
+    pub async fn delete_checkpoint(&self, job: &str, name: &str) -> Result<u64, ClientError> {
+        let req = pb::DeleteJobCheckpointRequest {
+            job: job.to_owned(),
+            name: name.to_owned(),
+        };
+        Ok(self
+            .call(|mut c| {
+                let req = req.clone();
+                async move { c.delete_checkpoint(req).await }
+            })
+            .await?
+            .freed_bytes)
+    }
+
     /// Restores the job to checkpoint `name` (the latest when `None`).
     pub async fn resume(&self, job: &str, name: Option<&str>) -> Result<JobStatus, ClientError> {
         let req = pb::ResumeJobRequest {

@@ -63,6 +63,10 @@ pub struct JobSpec {
     pub model: String,
     /// Clocks between coordinated checkpoints; 0 = on demand only.
     pub checkpoint_every: u64,
+    /// The newest complete checkpoints kept (older ones are deleted); 0 = all. (Absent from
+    /// state files written before it: keep all.)
+    #[serde(default)]
+    pub keep_checkpoints: u32,
     /// Examples per clock over all workers; 0 = the workers decide.
     pub global_batch: u64,
     pub balance_batches: bool,
@@ -344,6 +348,7 @@ impl TryFrom<pb::JobSpec> for JobSpec {
             dataset: p.dataset,
             model: p.model,
             checkpoint_every: p.checkpoint_every,
+            keep_checkpoints: p.keep_checkpoints,
             global_batch: p.global_batch,
             balance_batches: p.balance_batches,
             max_clocks: p.max_clocks,
@@ -390,6 +395,7 @@ impl From<&JobSpec> for pb::JobSpec {
             dataset: s.dataset.clone(),
             model: s.model.clone(),
             checkpoint_every: s.checkpoint_every,
+            keep_checkpoints: s.keep_checkpoints,
             global_batch: s.global_batch,
             balance_batches: s.balance_batches,
             max_clocks: s.max_clocks,
@@ -413,6 +419,7 @@ impl From<&JobSpec> for pb::JobSpec {
 /// dataset = "fashion-mnist"
 /// model = "softmax"
 /// checkpoint_every = 100
+/// keep_checkpoints = 3     # the newest three; older ones are deleted (0: keep all)
 /// global_batch = 256
 /// balance_batches = true
 ///
@@ -445,6 +452,8 @@ struct JobToml {
     model: String,
     #[serde(default)]
     checkpoint_every: u64,
+    #[serde(default)]
+    keep_checkpoints: u32,
     #[serde(default)]
     global_batch: u64,
     #[serde(default)]
@@ -679,6 +688,7 @@ impl JobToml {
             dataset: self.dataset,
             model: self.model,
             checkpoint_every: self.checkpoint_every,
+            keep_checkpoints: self.keep_checkpoints,
             global_batch: self.global_batch,
             balance_batches: self.balance_batches,
             max_clocks: self.max_clocks,

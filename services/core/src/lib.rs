@@ -117,6 +117,9 @@ pub mod wire {
         pub const NO_SCHEDULER: &str = "NO_SCHEDULER";
         /// A checkpoint whose files do not match its manifest (`checkpoint`).
         pub const CHECKPOINT_DAMAGED: &str = "CHECKPOINT_DAMAGED";
+        /// A checkpoint an export or a restore reads, or one being written (`checkpoint`):
+        /// retry once it is done.
+        pub const CHECKPOINT_IN_USE: &str = "CHECKPOINT_IN_USE";
         /// A bulk-stream call the stream does not carry (encoded payloads, delta pulls,
         /// unknown methods): use gRPC.
         pub const NOT_ON_BULK_STREAM: &str = "NOT_ON_BULK_STREAM";

@@ -97,14 +97,17 @@ pub fn allowed(path: &str) -> Option<&'static [Role]> {
             "DescribeTable" | "ListTables" => &[Worker, Operator, Reader],
             "PushDense" | "PushSparse" => &[Worker],
             "PullDense" | "PullSparse" => &[Worker, Reader],
-            "CreateTable" | "DropTable" | "Checkpoint" | "RestoreCheckpoint" => &[Operator],
+            "CreateTable" | "DropTable" | "Checkpoint" | "RestoreCheckpoint"
+            | "DeleteCheckpoint" => &[Operator],
             "GetStats" | "ExportCheckpoint" => &[Operator, Reader],
             _ => NONE,
         },
         ("ps.v1.Scheduler", m) => match m {
             "GetShardMap" => ANY,
             "GetJob" | "ListJobs" | "ListCheckpoints" => &[Worker, Operator, Reader],
-            "SubmitJob" | "CancelJob" | "CheckpointJob" | "ResumeJob" => &[Operator],
+            "SubmitJob" | "CancelJob" | "CheckpointJob" | "ResumeJob" | "DeleteCheckpoint" => {
+                &[Operator]
+            }
             "RegisterShard" | "ShardHeartbeat" => &[Shard],
             "JoinJob" | "WorkerHeartbeat" | "AdvanceClock" | "LeaveJob" => &[Worker],
             _ => NONE,
