@@ -449,25 +449,11 @@ async fn a_checkpoint_left_on_a_shard_by_an_unrecorded_attempt_does_not_block_th
         .submit(&job("left", "bsp", 1, "checkpoint_every = 4"))
         .await
         .unwrap();
-    let seen: Seen = Arc::default();
-    let w = tokio::spawn(worker(
-        c.sched.url.clone(),
-        "left".into(),
-        0,
-        10,
-        Duration::from_millis(10),
-        seen.clone(),
-    ));
-    let clock = tokio::time::timeout(Duration::from_secs(60), w)
-        .await
-        .expect("the job went past its checkpoint boundaries")
-        .unwrap()
-        .unwrap();
-    assert_eq!(clock, 10);
+    assert_eq!(one_worker(&c, "left", 10).await, 10);
     let ckpts = sched.checkpoints("left").await.unwrap();
     let got: Vec<(u64, &str)> = ckpts.iter().map(|c| (c.clock, c.name.as_str())).collect();
     assert_eq!(got, [(4, "left-c4-1"), (8, "left-c8-2")], "{ckpts:?}");
-    // The recorded checkpoints are whole on both shards; the leftover is untouched.
+    // The recorded checkpoints are whole on both shards; what the failed attempt left is gone.
     for ck in &ckpts {
         for s in &ck.shards {
             assert!(
@@ -476,15 +462,26 @@ async fn a_checkpoint_left_on_a_shard_by_an_unrecorded_attempt_does_not_block_th
             );
         }
     }
-    for shard in ["shard-0", "shard-1"] {
-        let dir = c.dir.path().join(shard).join("checkpoints");
-        let mut names: Vec<String> = std::fs::read_dir(&dir)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        assert_eq!(names, ["left-c4-1", "left-c8-2"], "{}", dir.display());
-    }
+    let want = ["left-c4-1", "left-c8-2"];
+    let on_disk = checkpoints_on_disk(&c, "left", &want).await;
+    assert!(on_disk.iter().all(|d| d == &want), "{on_disk:?}");
+}
+
+/// Runs one worker of job `name` for `clocks` clocks (a minute at most); its last clock.
+async fn one_worker(c: &Cluster, name: &str, clocks: u64) -> u64 {
+    let w = tokio::spawn(worker(
+        c.sched.url.clone(),
+        name.into(),
+        0,
+        clocks,
+        Duration::from_millis(10),
+        Seen::default(),
+    ));
+    tokio::time::timeout(Duration::from_secs(60), w)
+        .await
+        .expect("the job went past its checkpoint boundaries")
+        .unwrap()
+        .unwrap()
 }
 
 /// Shard directories under `checkpoints/` and job manifests, once they settle on `want`.
@@ -536,21 +533,7 @@ async fn old_checkpoints_are_deleted_past_keep_checkpoints_and_on_demand() {
         ))
         .await
         .unwrap();
-    let seen: Seen = Arc::default();
-    let w = tokio::spawn(worker(
-        c.sched.url.clone(),
-        "keep".into(),
-        0,
-        9,
-        Duration::from_millis(10),
-        seen.clone(),
-    ));
-    let clock = tokio::time::timeout(Duration::from_secs(60), w)
-        .await
-        .expect("the job went past its checkpoint boundaries")
-        .unwrap()
-        .unwrap();
-    assert_eq!(clock, 9);
+    assert_eq!(one_worker(&c, "keep", 9).await, 9);
     // Checkpoints at clocks 2, 4, 6 and 8; the two oldest deleted.
     let kept = ["keep-c6-2", "keep-c8-3"];
     let ckpts = sched.checkpoints("keep").await.unwrap();
