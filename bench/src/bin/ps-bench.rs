@@ -86,6 +86,48 @@ struct Args {
     /// With --store: the row cap (`max_rows`) of the run on a table that evicts rows.
     #[arg(long, default_value_t = 1_000_000)]
     evict_cap: u64,
+    /// Run the shards inside this process, on a runtime of their own, instead of as
+    /// `ps-server` processes.
+    #[arg(long)]
+    in_process: bool,
+    /// The dense cases' layouts, shards x clients (comma-separated).
+    #[arg(long, value_delimiter = ',', default_values_t = ["1x1".to_owned(), "2x2".to_owned(), "4x4".to_owned()])]
+    layouts: Vec<String>,
+}
+
+/// `iperf3` (a 1 MiB-write TCP stream on 127.0.0.1 for three seconds) when it is installed:
+/// the machine's loopback limit as the usual tool measures it, in GB/s.
+fn iperf3_gbps() -> Option<f64> {
+    let port = StdListener::bind("127.0.0.1:0")
+        .ok()?
+        .local_addr()
+        .ok()?
+        .port()
+        .to_string();
+    let mut server = std::process::Command::new("iperf3")
+        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let mut out = None;
+    for _ in 0..50 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let o = std::process::Command::new("iperf3")
+            .args(["-c", "127.0.0.1", "-p", &port, "-l", "1M", "-t", "3", "-J"])
+            .output()
+            .ok()?;
+        if o.status.success() {
+            out = Some(o.stdout);
+            break;
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let v: serde_json::Value = serde_json::from_slice(&out?).ok()?;
+    v["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .map(|bps| bps / 8e9)
 }
 
 fn memcpy_gbps() -> f64 {
@@ -152,34 +194,90 @@ fn file_append_gbps() -> f64 {
     gbps
 }
 
-/// Shards running on their own runtime, as they would in their own processes.
+/// How the shards under test run.
+#[derive(Clone, Copy)]
+struct Shards<'a> {
+    count: u32,
+    durable: bool,
+    sync: bool,
+    dense_log_mib: Option<u64>,
+    tls_dir: Option<&'a std::path::Path>,
+    /// `ps-server` processes of this build, as deployed (the default); otherwise servers on a
+    /// runtime of their own inside this process (`--in-process`).
+    processes: bool,
+}
+
+/// The shards of one case.
 struct Cluster {
     endpoints: Vec<String>,
-    shutdown: CancellationToken,
-    rt: tokio::runtime::Runtime,
-    handles: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    running: Running,
     _dir: tempfile::TempDir,
 }
 
+enum Running {
+    Processes(Vec<ShardProcess>),
+    InProcess {
+        shutdown: CancellationToken,
+        rt: tokio::runtime::Runtime,
+        handles: Vec<tokio::task::JoinHandle<anyhow::Result<()>>>,
+    },
+}
+
 impl Cluster {
-    fn start(
-        shards: u32,
-        durable: bool,
-        sync: bool,
-        dense_log_mib: Option<u64>,
-        tls_dir: Option<&std::path::Path>,
-    ) -> Self {
-        Self::start_with(shards, durable, sync, dense_log_mib, tls_dir, None)
+    fn start(client_rt: &tokio::runtime::Runtime, s: Shards<'_>) -> anyhow::Result<Self> {
+        if s.processes {
+            client_rt.block_on(Self::spawn(s))
+        } else {
+            Ok(Self::start_with(s, None))
+        }
     }
 
-    fn start_with(
-        shards: u32,
-        durable: bool,
-        sync: bool,
-        dense_log_mib: Option<u64>,
-        tls_dir: Option<&std::path::Path>,
-        auth: Option<ps_runtime::auth::Auth>,
-    ) -> Self {
+    /// `ps-server` processes, each with its own data directory (or `--in-memory`).
+    async fn spawn(s: Shards<'_>) -> anyhow::Result<Self> {
+        let dir = tempfile::tempdir()?;
+        let mut shards = Vec::new();
+        for i in 0..s.count {
+            let data = dir.path().join(format!("s{i}"));
+            let mut args: Vec<String> = vec![
+                "--shard-index".into(),
+                i.to_string(),
+                "--num-shards".into(),
+                s.count.to_string(),
+            ];
+            if !s.durable {
+                args.push("--in-memory".into());
+            }
+            if s.sync {
+                args.push("--sync".into());
+            }
+            if let Some(d) = s.tls_dir {
+                for (flag, file) in [
+                    ("--tls-cert", "server.pem"),
+                    ("--tls-key", "server.key"),
+                    ("--tls-client-ca", "ca.pem"),
+                ] {
+                    args.push(flag.into());
+                    args.push(d.join(file).display().to_string());
+                }
+            }
+            if let Some(mib) = s.dense_log_mib {
+                let file = dir.path().join(format!("s{i}.toml"));
+                std::fs::write(&file, format!("[rocksdb]\ndense_log_mib = {mib}\n"))?;
+                args.push("--config".into());
+                args.push(file.display().to_string());
+            }
+            shards.push(ShardProcess::spawn(&data, &args).await?);
+        }
+        Ok(Self {
+            endpoints: shards.iter().map(|p| p.endpoint.clone()).collect(),
+            running: Running::Processes(shards),
+            _dir: dir,
+        })
+    }
+
+    /// Servers on a runtime of their own in this process (the flood cases: their tokens are
+    /// loaded here).
+    fn start_with(s: Shards<'_>, auth: Option<ps_runtime::auth::Auth>) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("shard")
@@ -190,15 +288,15 @@ impl Cluster {
         let shutdown = CancellationToken::new();
         let mut endpoints = Vec::new();
         let mut handles = Vec::new();
-        for i in 0..shards {
-            let mut cfg = ServerConfig::local(durable.then(|| dir.path().join(format!("s{i}"))));
+        for i in 0..s.count {
+            let mut cfg = ServerConfig::local(s.durable.then(|| dir.path().join(format!("s{i}"))));
             cfg.shard_index = i;
-            cfg.num_shards = shards;
-            cfg.rocksdb.sync = sync;
-            if let Some(mib) = dense_log_mib {
+            cfg.num_shards = s.count;
+            cfg.rocksdb.sync = s.sync;
+            if let Some(mib) = s.dense_log_mib {
                 cfg.rocksdb.dense_log_mib = mib;
             }
-            if let Some(d) = tls_dir {
+            if let Some(d) = s.tls_dir {
                 cfg.service.security.tls = Some(
                     ps_runtime::tls::ServerTls::new(ps_runtime::tls::ServerTlsFiles {
                         cert: d.join("server.pem"),
@@ -215,18 +313,33 @@ impl Cluster {
         }
         Self {
             endpoints,
-            shutdown,
-            rt,
-            handles,
+            running: Running::InProcess {
+                shutdown,
+                rt,
+                handles,
+            },
             _dir: dir,
         }
     }
 
-    fn stop(self) {
-        self.shutdown.cancel();
-        for h in self.handles {
-            if let Ok(Err(e)) = self.rt.block_on(h) {
-                eprintln!("shard stopped with an error: {e:#}");
+    fn stop(self, client_rt: &tokio::runtime::Runtime) {
+        match self.running {
+            Running::Processes(shards) => client_rt.block_on(async {
+                for p in shards {
+                    p.svc.stop(std::time::Duration::from_secs(60)).await;
+                }
+            }),
+            Running::InProcess {
+                shutdown,
+                rt,
+                handles,
+            } => {
+                shutdown.cancel();
+                for h in handles {
+                    if let Ok(Err(e)) = rt.block_on(h) {
+                        eprintln!("shard stopped with an error: {e:#}");
+                    }
+                }
             }
         }
     }
@@ -267,7 +380,7 @@ async fn dense_case(
     seconds: f64,
     warmup: f64,
     t: &Transport,
-) -> anyhow::Result<(f64, usize)> {
+) -> anyhow::Result<Dense> {
     let mut tasks = Vec::new();
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients));
     for c in 0..clients {
@@ -297,26 +410,41 @@ async fn dense_case(
             }
             start.wait().await;
             let t = Instant::now();
-            let mut rounds = 0usize;
-            while rounds < 3 || t.elapsed().as_secs_f64() < seconds {
+            let mut pairs = Vec::new();
+            while pairs.len() < 3 || t.elapsed().as_secs_f64() < seconds {
+                let pair = Instant::now();
                 ps.push_dense(&name, &grad).await?;
                 let w = ps.pull_dense(&name).await?;
                 std::hint::black_box(&w);
-                rounds += 1;
+                pairs.push(pair.elapsed().as_secs_f64() * 1e3);
             }
-            Ok::<_, anyhow::Error>((rounds, t.elapsed().as_secs_f64()))
+            Ok::<_, anyhow::Error>((pairs, t.elapsed().as_secs_f64()))
         }));
     }
     let mut bytes = 0.0;
     let mut elapsed: f64 = 0.0;
-    let mut rounds = 0;
+    let mut pairs = Vec::new();
     for t in tasks {
-        let (r, e) = t.await??;
-        bytes += (r * floats * 4 * 2) as f64;
+        let (p, e) = t.await??;
+        bytes += (p.len() * floats * 4 * 2) as f64;
         elapsed = elapsed.max(e);
-        rounds += r;
+        pairs.extend(p);
     }
-    Ok((bytes / elapsed / 1e9, rounds))
+    Ok(Dense {
+        gbps: bytes / elapsed / 1e9,
+        rounds: pairs.len(),
+        p50_ms: quantile(&mut pairs, 0.5),
+        p99_ms: quantile(&mut pairs, 0.99),
+    })
+}
+
+/// A dense case's result: goodput (pushed plus pulled bytes, all clients), push+pull pairs,
+/// and the pairs' latency.
+struct Dense {
+    gbps: f64,
+    rounds: usize,
+    p50_ms: f64,
+    p99_ms: f64,
 }
 
 /// The sparse cases' table: dim 64, Adagrad, evicting rows by `ttl_seconds` and `max_rows`
@@ -481,9 +609,16 @@ async fn flood_case(
     for task in tasks {
         task.await??;
     }
-    lat.sort_by(f64::total_cmp);
-    let q = |p: f64| lat[((lat.len() - 1) as f64 * p) as usize];
-    Ok((q(0.5), q(0.99), rate))
+    Ok((quantile(&mut lat, 0.5), quantile(&mut lat, 0.99), rate))
+}
+
+/// The `p` quantile of `values` (sorted in place); 0 when there are none.
+fn quantile(values: &mut [f64], p: f64) -> f64 {
+    if values.is_empty() {
+        return 0.0;
+    }
+    values.sort_by(f64::total_cmp);
+    values[((values.len() - 1) as f64 * p) as usize]
 }
 
 /// `--flood N`: the victim's pull latency on a quiet shard, under an unlimited flood, and
@@ -497,10 +632,18 @@ fn flood(client_rt: &tokio::runtime::Runtime, limit: u32, seconds: f64) -> anyho
         ("limited", flooders, Some(limit)),
     ] {
         let (_dir, auth, tokens) = flood_tokens(in_flight)?;
-        let cluster = Cluster::start_with(1, false, false, None, None, Some(auth));
+        let shards = Shards {
+            count: 1,
+            durable: false,
+            sync: false,
+            dense_log_mib: None,
+            tls_dir: None,
+            processes: false,
+        };
+        let cluster = Cluster::start_with(shards, Some(auth));
         let (p50, p99, rate) =
             client_rt.block_on(flood_case(&cluster.endpoints, &tokens, n, seconds))?;
-        cluster.stop();
+        cluster.stop(client_rt);
         let quiet = *quiet_p99.get_or_insert(p99);
         println!(
             "{{\"case\":\"flood\",\"flooder\":\"{case}\",\"flooder_tasks\":{n},\"flooder_max_in_flight\":{},\"flooder_pushes_per_s\":{rate:.1},\"victim_pull_p50_ms\":{p50:.3},\"victim_pull_p99_ms\":{p99:.3},\"p99_vs_quiet\":{:.2}}}",
@@ -529,10 +672,30 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         return client_rt.block_on(store_cases(&args));
     }
+    let mut layouts = Vec::new();
+    for l in &args.layouts {
+        let parsed = l
+            .split_once('x')
+            .and_then(|(s, c)| Some((s.parse::<u32>().ok()?, c.parse::<usize>().ok()?)))
+            .filter(|&(s, c)| s > 0 && c > 0);
+        match parsed {
+            Some(p) => layouts.push(p),
+            None => anyhow::bail!("--layouts: `{l}` is not SHARDSxCLIENTS (e.g. 2x2)"),
+        }
+    }
+    if args.only_sparse {
+        layouts.clear();
+    }
     let memcpy = memcpy_gbps();
     let tcp = tcp_gbps();
     println!("{{\"case\":\"memcpy\",\"gbps\":{memcpy:.3}}}");
     println!("{{\"case\":\"loopback_tcp\",\"gbps\":{tcp:.3}}}");
+    let iperf3 = iperf3_gbps();
+    match iperf3 {
+        Some(g) => println!("{{\"case\":\"iperf3\",\"gbps\":{g:.3}}}"),
+        None => eprintln!("ps-bench: iperf3 is not installed; loopback_tcp is the limit"),
+    }
+    let limit = iperf3.unwrap_or(tcp);
     let append = file_append_gbps();
     println!("{{\"case\":\"file_append\",\"gbps\":{append:.3}}}");
     let tls_dir = args.tls_dir.as_deref();
@@ -570,20 +733,41 @@ fn main() -> anyhow::Result<()> {
     } else {
         args.seconds
     };
-    let modes: &[(&str, bool, bool)] = &[("durable", true, false), ("memory", false, false)];
-    let topologies: &[(u32, usize)] = if args.only_sparse {
-        &[]
-    } else {
-        &[(1, 1), (2, 2)]
+    let shards = |count, durable, sync| Shards {
+        count,
+        durable,
+        sync,
+        dense_log_mib: args.dense_log_mib,
+        tls_dir,
+        processes: !args.in_process,
     };
-    for &(shards, clients) in topologies {
+    let shards_in = if args.in_process {
+        "process"
+    } else {
+        "processes"
+    };
+    let report = |floats: usize, n: u32, clients: usize, mode: &str, d: &Dense| {
+        println!(
+            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"mode\":\"{mode}\",\"transport\":\"{}\",\"shards_in\":\"{shards_in}\",\"rounds\":{},\"goodput_gbps\":{:.3},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
+            transport.name(),
+            d.rounds,
+            d.gbps,
+            d.p50_ms,
+            d.p99_ms,
+            d.gbps / limit,
+            d.gbps / memcpy,
+            d.gbps / append
+        );
+    };
+    let modes: &[(&str, bool, bool)] = &[("durable", true, false), ("memory", false, false)];
+    for &(n, clients) in &layouts {
         for &(mode, durable, sync) in modes {
             if args.mode.as_deref().is_some_and(|m| m != mode) {
                 continue;
             }
-            let cluster = Cluster::start(shards, durable, sync, args.dense_log_mib, tls_dir);
+            let cluster = Cluster::start(&client_rt, shards(n, durable, sync))?;
             for &floats in &sizes {
-                let (gbps, rounds) = client_rt.block_on(dense_case(
+                let d = client_rt.block_on(dense_case(
                     &cluster.endpoints,
                     clients,
                     floats,
@@ -591,22 +775,16 @@ fn main() -> anyhow::Result<()> {
                     warmup,
                     &transport,
                 ))?;
-                println!(
-                    "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{shards},\"clients\":{clients},\"mode\":\"{mode}\",\"transport\":\"{}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
-                    transport.name(),
-                    gbps / tcp,
-                    gbps / memcpy,
-                    gbps / append
-                );
+                report(floats, n, clients, mode, &d);
             }
-            cluster.stop();
+            cluster.stop(&client_rt);
         }
     }
     // The cost of fsync per group commit, on the largest size.
     if !args.only_sparse && args.mode.as_deref().is_none_or(|m| m == "durable+sync") {
-        let cluster = Cluster::start(1, true, true, args.dense_log_mib, tls_dir);
+        let cluster = Cluster::start(&client_rt, shards(1, true, true))?;
         let floats = *sizes.iter().max().unwrap_or(&(1 << 20));
-        let (gbps, rounds) = client_rt.block_on(dense_case(
+        let d = client_rt.block_on(dense_case(
             &cluster.endpoints,
             1,
             floats,
@@ -614,14 +792,8 @@ fn main() -> anyhow::Result<()> {
             warmup,
             &transport,
         ))?;
-        println!(
-            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":1,\"clients\":1,\"mode\":\"durable+sync\",\"transport\":\"{}\",\"rounds\":{rounds},\"goodput_gbps\":{gbps:.3},\"ratio_tcp\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
-            transport.name(),
-            gbps / tcp,
-            gbps / memcpy,
-            gbps / append
-        );
-        cluster.stop();
+        report(floats, 1, 1, "durable+sync", &d);
+        cluster.stop(&client_rt);
     }
     if !args.no_sparse {
         for (mode, durable, sync) in [
@@ -629,7 +801,7 @@ fn main() -> anyhow::Result<()> {
             ("durable+sync", true, true),
             ("memory", false, false),
         ] {
-            let cluster = Cluster::start(1, durable, sync, args.dense_log_mib, tls_dir);
+            let cluster = Cluster::start(&client_rt, shards(1, durable, sync))?;
             let (keys, unique, per_write) = client_rt.block_on(sparse_case(
                 &cluster.endpoints,
                 seconds.max(2.0),
@@ -637,9 +809,9 @@ fn main() -> anyhow::Result<()> {
                 args.keys.min(1_000_000),
             ))?;
             println!(
-                "{{\"case\":\"sparse_adagrad_dim64\",\"shards\":1,\"mode\":\"{mode}\",\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2}}}"
+                "{{\"case\":\"sparse_adagrad_dim64\",\"shards\":1,\"mode\":\"{mode}\",\"shards_in\":\"{shards_in}\",\"key_updates_per_s\":{keys:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2}}}"
             );
-            cluster.stop();
+            cluster.stop(&client_rt);
         }
     }
     Ok(())
@@ -652,14 +824,11 @@ struct ShardProcess {
 }
 
 impl ShardProcess {
+    /// A durable shard with a row cache of `cache_mib` and no bulk stream (the store cases).
     async fn start(data: &std::path::Path, cache_mib: u64) -> anyhow::Result<Self> {
-        let exe = std::env::current_exe()?;
-        let bin = exe.with_file_name("ps-server");
         let args: Vec<String> = [
             "--data-dir",
             &data.display().to_string(),
-            "--listen",
-            "127.0.0.1:0",
             "--cache-mib",
             &cache_mib.to_string(),
             "--bulk-listen",
@@ -667,8 +836,21 @@ impl ShardProcess {
         ]
         .map(str::to_owned)
         .into();
+        Self::spawn(data, &args).await
+    }
+
+    /// A shard listening on 127.0.0.1 with `args` (its data under `data`, logs beside it).
+    async fn spawn(data: &std::path::Path, args: &[String]) -> anyhow::Result<Self> {
+        let exe = std::env::current_exe()?;
+        let bin = exe.with_file_name("ps-server");
+        let mut all: Vec<String> = vec!["--listen".into(), "127.0.0.1:0".into()];
+        if !args.iter().any(|a| a == "--in-memory" || a == "--data-dir") {
+            all.push("--data-dir".into());
+            all.push(data.display().to_string());
+        }
+        all.extend_from_slice(args);
         let logs = data.with_extension("logs");
-        let mut svc = ps_launch::Service::spawn(&bin, "ps-server", &args, &logs, true)?;
+        let mut svc = ps_launch::Service::spawn(&bin, "ps-server", &all, &logs, true)?;
         let ready = svc.ready(std::time::Duration::from_secs(600)).await?;
         Ok(Self {
             svc,
