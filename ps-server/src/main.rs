@@ -5,6 +5,7 @@ use ps_server::{Args, ServerConfig};
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    ps_runtime::heap::keep_large_buffers();
     let args = Args::parse();
     let _telemetry = ps_runtime::telemetry::init("ps-server", &args.service.log);
     match start(args).await {

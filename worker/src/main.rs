@@ -17,6 +17,7 @@ struct Args {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> ExitCode {
+    ps_runtime::heap::keep_large_buffers();
     let args = Args::parse();
     let _telemetry = ps_runtime::telemetry::init("worker", &args.log);
     let cfg = args.cfg;

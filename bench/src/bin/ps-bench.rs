@@ -655,6 +655,8 @@ fn flood(client_rt: &tokio::runtime::Runtime, limit: u32, seconds: f64) -> anyho
 }
 
 fn main() -> anyhow::Result<()> {
+    // The clients' heap as a worker's (the shards set theirs).
+    ps_runtime::heap::keep_large_buffers();
     let args = Args::parse();
     if let Some(limit) = args.flood {
         let client_rt = tokio::runtime::Builder::new_multi_thread()

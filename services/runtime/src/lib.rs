@@ -12,13 +12,15 @@
 //! - [`trace`]: each call answered in a server span joined to the caller's trace context;
 //! - [`status`]: refusals with a `google.rpc.ErrorInfo` reason, for any client to act on;
 //! - [`tls`]: TLS (mutual when asked) on every port, certificates reloaded when they change;
-//! - [`auth`]: bearer tokens and certificate names with roles and jobs, checked on every call.
+//! - [`auth`]: bearer tokens and certificate names with roles and jobs, checked on every call;
+//! - [`heap`]: the allocator's thresholds for processes that move megabyte buffers.
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod auth;
 pub mod config;
 pub mod grpc;
+pub mod heap;
 pub mod metrics;
 pub mod readiness;
 pub mod ready;
