@@ -167,31 +167,49 @@ impl<S: Store> Shard<S> {
             name: name.clone(),
             cause,
         };
-        let path = dir.join(&name);
-        {
-            // Renamed under the lock: a hold taken after it finds no checkpoint of that name.
-            let held = self.holds.0.lock();
-            if let Some((_, what)) = held.get(&name) {
-                return Err(EngineError::CheckpointInUse {
+        let holds = self.holds.clone();
+        let away = {
+            let name = name.clone();
+            move || -> Result<Option<u64>, EngineError> {
+                let path = dir.join(&name);
+                let failed = |cause: String| EngineError::Checkpoint {
                     name: name.clone(),
-                    what,
-                });
+                    cause,
+                };
+                {
+                    // Renamed under the lock: a hold taken after it finds no checkpoint of
+                    // that name.
+                    let held = holds.0.lock();
+                    if let Some((_, what)) = held.get(&name) {
+                        return Err(EngineError::CheckpointInUse {
+                            name: name.clone(),
+                            what,
+                        });
+                    }
+                    if !path.is_dir() {
+                        return Ok(None);
+                    }
+                    let away = dir.join(format!("{DELETING}{name}-{}", unix_ms()));
+                    std::fs::rename(&path, &away)
+                        .map_err(|e| failed(format!("renaming it away: {e}")))?;
+                }
+                ps_runtime::config::sync_dir(&dir)
+                    .map_err(|e| failed(format!("syncing the rename: {e}")))?;
+                remove_deleted(&dir)
+                    .map(Some)
+                    .map_err(|e| failed(format!("removing its files: {e}")))
             }
-            if !path.is_dir() {
-                return Ok(Deleted {
-                    deleted: false,
-                    freed_bytes: 0,
-                });
-            }
-            let away = dir.join(format!("{DELETING}{name}-{}", unix_ms()));
-            std::fs::rename(&path, &away)
-                .and_then(|()| ps_runtime::config::sync_dir(&dir))
-                .map_err(|e| failed(format!("renaming it away: {e}")))?;
-        }
-        let freed_bytes = tokio::task::spawn_blocking(move || remove_deleted(&dir))
+        };
+        // Renames, syncs and removes files: off the runtime.
+        let Some(freed_bytes) = tokio::task::spawn_blocking(away)
             .await
-            .map_err(|e| failed(format!("the delete task failed: {e}")))?
-            .map_err(|e| failed(format!("removing its files: {e}")))?;
+            .map_err(|e| failed(format!("the delete task failed: {e}")))??
+        else {
+            return Ok(Deleted {
+                deleted: false,
+                freed_bytes: 0,
+            });
+        };
         tracing::info!(name, freed_bytes, "checkpoint deleted");
         Ok(Deleted {
             deleted: true,
