@@ -54,6 +54,8 @@ const ENTRY: usize = 32;
 const CHUNK: usize = 12;
 /// An image's cell: table id u32, values u32, chunk index u64, step u64.
 const CELL: usize = 24;
+/// Set in a sparse row's value count: the push stored the row (it was new).
+const NEW_ROW: u32 = 1 << 31;
 
 /// Where the log lives and how big it is.
 #[derive(Debug, Clone)]
@@ -73,8 +75,14 @@ pub struct DenseLog {
     sync: bool,
     /// Where the next record goes (logical: the file offset is this modulo the capacity).
     head: u64,
-    /// The stored position (the last snapshot's or image's): records from here on are live.
-    snapshot: u64,
+    /// The stored position the dense cells cover (the last snapshot's or image's): dense
+    /// records from here on are live.
+    dense_tail: u64,
+    /// The stored position the sparse rows in the store cover (the oldest update of a row
+    /// not yet written back): sparse entries from here on are live.
+    rows_tail: u64,
+    /// Where the record being built goes, fixed when it begins (its rows are stamped with it).
+    at: u64,
     /// The record being built, kept between groups so its pages stay allocated.
     buf: Vec<u8>,
     entries: u32,
@@ -88,8 +96,21 @@ pub struct DenseLog {
 pub struct LoggedPush<'a> {
     pub table_id: u32,
     pub push_id: PushId,
-    /// (chunk index, gradient as little-endian f32 bytes).
-    pub chunks: Vec<(u64, &'a [u8])>,
+    /// The dense chunks or sparse rows it updated.
+    pub chunks: Vec<LoggedChunk<'a>>,
+}
+
+/// One dense chunk's or sparse row's gradient in a replayed push.
+#[derive(Debug, Clone, Copy)]
+pub struct LoggedChunk<'a> {
+    /// The chunk's index, or the row's id.
+    pub index: u64,
+    /// A sparse row the push stored (it was new).
+    pub new: bool,
+    /// The gradient, as little-endian f32 bytes.
+    pub data: &'a [u8],
+    /// Where the gradient starts in the log file.
+    pub offset: u64,
 }
 
 /// One dense cell of a replayed image.
@@ -147,7 +168,9 @@ impl DenseLog {
             capacity: opts.capacity,
             sync: opts.sync,
             head: 0,
-            snapshot: 0,
+            dense_tail: 0,
+            rows_tail: 0,
+            at: 0,
             buf: Vec::new(),
             entries: 0,
             entry_at: None,
@@ -160,7 +183,8 @@ impl DenseLog {
         self.file.set_len(0)?;
         reserve(&self.file, self.capacity)?;
         self.head = 0;
-        self.snapshot = 0;
+        self.dense_tail = 0;
+        self.rows_tail = 0;
         Ok(())
     }
 
@@ -196,9 +220,11 @@ impl DenseLog {
     }
 
     /// Whether a record of `len` bytes can be written without overwriting a live one; when it
-    /// cannot, the caller snapshots the cells first ([`DenseLog::snapshot_taken`]).
+    /// cannot, the caller frees the log first: a snapshot or an image of the dense cells
+    /// ([`DenseLog::set_dense_tail`]), the oldest dirty rows written back
+    /// ([`DenseLog::set_rows_tail`]).
     pub fn fits(&self, len: u64) -> bool {
-        self.place(len) + len - self.snapshot <= self.capacity
+        self.place(len) + len - self.tail() <= self.capacity
     }
 
     /// The position a snapshot taken now covers.
@@ -206,14 +232,41 @@ impl DenseLog {
         self.head
     }
 
-    /// Records that a snapshot covering everything before `head` is durable.
-    pub fn snapshot_taken(&mut self, head: u64) {
-        self.snapshot = head;
+    /// The oldest live position: records from here on may not be overwritten.
+    pub fn tail(&self) -> u64 {
+        self.dense_tail.min(self.rows_tail)
     }
 
-    /// Starts a record of about `len` bytes ([`DenseLog::record_len`]; the buffer grows if the
-    /// record turns out longer).
+    /// The live bytes of the log: from its tail to its head.
+    pub fn live(&self) -> u64 {
+        self.head - self.tail()
+    }
+
+    /// The stored position the dense cells cover.
+    pub fn dense_tail(&self) -> u64 {
+        self.dense_tail
+    }
+
+    /// The stored position the sparse rows in the store cover.
+    pub fn rows_tail(&self) -> u64 {
+        self.rows_tail
+    }
+
+    /// Records that the dense cells as stored (a snapshot, or an image at `pos`) cover
+    /// everything before `pos`.
+    pub fn set_dense_tail(&mut self, pos: u64) {
+        self.dense_tail = pos;
+    }
+
+    /// Records that the sparse rows as stored cover every entry before `pos`.
+    pub fn set_rows_tail(&mut self, pos: u64) {
+        self.rows_tail = pos;
+    }
+
+    /// Starts a record of at most `len` bytes ([`DenseLog::record_len`]); its position is fixed
+    /// now ([`DenseLog::position`]), so the record may turn out shorter, never longer.
     pub fn begin(&mut self, len: u64) {
+        self.at = self.place(len);
         self.buf.clear();
         self.buf.reserve(usize::try_from(len).unwrap_or(0));
         self.buf.resize(HEADER, 0);
@@ -268,17 +321,71 @@ impl DenseLog {
         &self.buf[start..]
     }
 
+    /// Adds one sparse row's gradient (little-endian f32 bytes) to the current push's entry;
+    /// `new`: the push stored the row (a replay after a crash that lost the group's store
+    /// write counts it).
+    pub fn row(&mut self, id: u64, grad: &[u8], new: bool) {
+        self.chunk(id, grad);
+        if new {
+            let at = self.buf.len() - grad.len() - 4;
+            let values = u32_at(&self.buf, at) | NEW_ROW;
+            self.buf[at..at + 4].copy_from_slice(&values.to_le_bytes());
+        }
+    }
+
+    /// [`DenseLog::row`] with the gradient as f32s.
+    pub fn row_f32(&mut self, id: u64, grad: &[f32], new: bool) {
+        if cfg!(target_endian = "little") {
+            self.row(id, bytemuck::cast_slice(grad), new);
+        } else {
+            let bytes: Vec<u8> = grad.iter().flat_map(|v| v.to_le_bytes()).collect();
+            self.row(id, &bytes, new);
+        }
+    }
+
+    /// The oldest tail with which a record of `len` bytes would fit ([`DenseLog::fits`]).
+    pub fn tail_needed(&self, len: u64) -> u64 {
+        (self.place(len) + len).saturating_sub(self.capacity)
+    }
+
+    /// The log's size in bytes.
+    pub fn capacity(&self) -> u64 {
+        self.capacity
+    }
+
+    /// A second handle on the log's file, to read logged gradients from (their
+    /// [`LoggedChunk::offset`]) while the writer appends.
+    pub fn reader(&self) -> Result<File, DenseLogError> {
+        Ok(self.file.try_clone()?)
+    }
+
     /// Bytes of the record being built.
     pub fn pending(&self) -> u64 {
         self.buf.len() as u64
     }
 
-    /// Writes the current record (the caller checked [`DenseLog::fits`]); returns its length
-    /// (it starts at [`DenseLog::head`] less that length).
+    /// Where the record being built goes: what its rows are stamped with (plus one, so that
+    /// no stamp is 0, which stands for "no logged update").
+    pub fn position(&self) -> u64 {
+        self.at
+    }
+
+    /// Writes the current record at the position [`DenseLog::begin`] fixed (the caller checked
+    /// [`DenseLog::fits`] for the length it began with); returns its length (it ends at
+    /// [`DenseLog::head`]).
     pub fn commit(&mut self) -> Result<u64, DenseLogError> {
         let entries = self.entries;
         let len = self.buf.len() as u64;
-        let pos = self.place(len);
+        let pos = self.at;
+        if pos % self.capacity + len > self.capacity || pos + len - self.tail() > self.capacity {
+            return Err(DenseLogError::Corrupt {
+                path: self.path.display().to_string(),
+                position: pos,
+                reason: format!(
+                    "a record of {len} bytes is longer than the room it began with; not written"
+                ),
+            });
+        }
         let magic = if self.image { MAGIC_IMAGE } else { MAGIC };
         self.buf[0..4].copy_from_slice(&magic.to_le_bytes());
         self.buf[8..16].copy_from_slice(&pos.to_le_bytes());
@@ -294,14 +401,16 @@ impl DenseLog {
         Ok(len)
     }
 
-    /// Reads the live records from `from` (the stored snapshot position) on, in order, and
-    /// leaves the head after the last good one. A record that fails its checks ends the log.
+    /// Reads the live records from `from` (the oldest stored position) on, in order, each
+    /// with its position, and leaves the head after the last good one. A record that fails
+    /// its checks ends the log.
     pub fn replay<E: From<DenseLogError>>(
         &mut self,
         from: u64,
-        visit: &mut dyn FnMut(Logged<'_>) -> Result<(), E>,
+        visit: &mut dyn FnMut(u64, Logged<'_>) -> Result<(), E>,
     ) -> Result<u64, E> {
-        self.snapshot = from;
+        self.dense_tail = from;
+        self.rows_tail = from;
         self.head = from;
         let mut records = 0;
         let mut header = [0u8; HEADER];
@@ -330,7 +439,7 @@ impl DenseLog {
             let logged = if image {
                 parse_image(&body).map(Logged::Image)
             } else {
-                parse(&body).map(Logged::Pushes)
+                parse(&body, pos % self.capacity).map(Logged::Pushes)
             };
             let Some(logged) = logged else {
                 return Err(DenseLogError::Corrupt {
@@ -340,7 +449,7 @@ impl DenseLog {
                 }
                 .into());
             };
-            visit(logged)?;
+            visit(pos, logged)?;
             records += 1;
             self.head = pos + len;
         }
@@ -383,8 +492,9 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     }
 }
 
-/// The pushes of one record, or `None` when its entries overrun it.
-fn parse(body: &[u8]) -> Option<Vec<LoggedPush<'_>>> {
+/// The pushes of one record written at file offset `base`, or `None` when its entries overrun
+/// it.
+fn parse(body: &[u8], base: u64) -> Option<Vec<LoggedPush<'_>>> {
     let entries = u32_at(body, 20) as usize;
     let mut at = HEADER;
     let mut out = Vec::with_capacity(entries);
@@ -401,7 +511,14 @@ fn parse(body: &[u8]) -> Option<Vec<LoggedPush<'_>>> {
         for _ in 0..chunks {
             let c = body.get(at..at + CHUNK)?;
             at += CHUNK;
-            list.push((u64_at(c, 0), take_f32s(body, &mut at, u32_at(c, 8))?));
+            let values = u32_at(c, 8);
+            let start = base + at as u64;
+            list.push(LoggedChunk {
+                index: u64_at(c, 0),
+                new: values & NEW_ROW != 0,
+                data: take_f32s(body, &mut at, values & !NEW_ROW)?,
+                offset: start,
+            });
         }
         out.push(LoggedPush {
             table_id: u32_at(e, 0),
@@ -485,16 +602,18 @@ mod tests {
 
     fn seqs(log: &mut DenseLog, from: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        log.replay(from, &mut |logged| -> Result<(), DenseLogError> {
+        log.replay(from, &mut |_, logged| -> Result<(), DenseLogError> {
             let Logged::Pushes(pushes) = logged else {
                 out.push(0);
                 return Ok(());
             };
             for p in pushes {
                 assert_eq!(p.table_id, 3);
-                for (index, data) in &p.chunks {
-                    assert_eq!(*index, p.push_id.seq);
-                    let v: Vec<f32> = data
+                for c in &p.chunks {
+                    assert_eq!(c.index, p.push_id.seq);
+                    assert!(!c.new);
+                    let v: Vec<f32> = c
+                        .data
                         .chunks_exact(4)
                         .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
                         .collect();
@@ -520,7 +639,8 @@ mod tests {
             seqs(&mut open(dir.path(), 4096), 0),
             (1..=8).collect::<Vec<_>>()
         );
-        log.snapshot_taken(log.head());
+        log.set_dense_tail(log.head());
+        log.set_rows_tail(log.head());
         let snap = log.head();
         assert!(
             !log.fits(4096 - 100),
@@ -563,7 +683,7 @@ mod tests {
         let mut cells = Vec::new();
         let mut reopened = open(dir.path(), 1 << 16);
         reopened
-            .replay(image_at, &mut |logged| -> Result<(), DenseLogError> {
+            .replay(image_at, &mut |_, logged| -> Result<(), DenseLogError> {
                 match logged {
                     Logged::Image(image) => {
                         for c in image {
@@ -590,6 +710,65 @@ mod tests {
         );
         // From the start, the image sits between the records: 0 stands for it.
         assert_eq!(seqs(&mut open(dir.path(), 1 << 16), 0), vec![1, 0, 2]);
+    }
+
+    #[test]
+    fn sparse_rows_replay_with_their_flags_and_file_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(dir.path(), 4096);
+        write(&mut log, 1, 700); // 2,868 bytes
+        log.set_dense_tail(log.head());
+        log.set_rows_tail(log.head());
+        // Begun with room for 60 rows of 4 values (1,736 bytes, more than the 1,228 left in
+        // the lap): placed at the next lap, its rows stamped with that position, although it
+        // ends up shorter.
+        log.begin(DenseLog::record_len(1, 60, 60 * 16));
+        assert_eq!(log.position(), 4096);
+        log.push(8, &id(2));
+        log.row_f32(11, &[1.0, 2.0, 3.0, 4.0], true);
+        log.row_f32(12, &[-1.0; 4], false);
+        log.commit().unwrap();
+        assert_eq!(log.head(), 4096 + DenseLog::record_len(1, 2, 32));
+        let mut rows = Vec::new();
+        let mut reopened = open(dir.path(), 4096);
+        let file = reopened.reader().unwrap();
+        reopened
+            .replay(2868, &mut |pos, logged| -> Result<(), DenseLogError> {
+                let Logged::Pushes(pushes) = logged else {
+                    panic!("an image");
+                };
+                for p in &pushes {
+                    for c in &p.chunks {
+                        let mut at = vec![0u8; c.data.len()];
+                        file.read_exact_at(&mut at, c.offset).unwrap();
+                        assert_eq!(at, c.data, "the offset names the gradient in the file");
+                        rows.push((pos, c.index, c.new, c.data.to_vec()));
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+        assert_eq!(
+            rows,
+            vec![
+                (4096, 11, true, bytes(&[1.0, 2.0, 3.0, 4.0])),
+                (4096, 12, false, bytes(&[-1.0; 4])),
+            ]
+        );
+
+        // A record that outgrows the room it began with, past the end of the file, is refused.
+        let other = tempfile::tempdir().unwrap();
+        let mut log = open(other.path(), 4096);
+        write(&mut log, 1, 700);
+        log.begin(DenseLog::record_len(1, 1, 16));
+        assert_eq!(log.position(), 2868);
+        log.push(8, &id(2));
+        for row in 0..80 {
+            log.row_f32(row, &[0.5; 4], false);
+        }
+        assert!(log.commit().is_err());
+        assert_eq!(log.head(), 2868, "nothing written");
     }
 
     #[test]

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use metrics::{counter, describe_counter, describe_histogram, histogram};
+use metrics::{counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
 /// Describes every metric (for HELP lines); call once at start-up.
 pub fn describe() {
@@ -59,6 +59,28 @@ pub fn describe() {
         "ps_dense_image_bytes_total",
         "Bytes of dense-cell images written into the dense log."
     );
+    describe_histogram!(
+        "ps_rows_write_back_seconds",
+        "Time to write one batch of dirty sparse rows back into the store (the log needed \
+         their room, the cache evicted them, a checkpoint or a stop)."
+    );
+    describe_counter!(
+        "ps_rows_written_back_total",
+        "Dirty sparse rows written back into the store."
+    );
+    describe_counter!(
+        "ps_rows_written_back_bytes_total",
+        "Bytes of the batches that wrote dirty sparse rows back."
+    );
+    describe_gauge!(
+        "ps_sparse_rows_dirty",
+        "Sparse rows updated in memory and in the log whose latest updates the store lacks \
+         (written back later)."
+    );
+    describe_gauge!(
+        "ps_sparse_rows_pending",
+        "Sparse rows a restart found updates of in the log, not yet brought up to date."
+    );
     describe_counter!(
         "ps_bulk_connections_total",
         "Connections accepted on the bulk stream."
@@ -75,12 +97,16 @@ pub fn describe() {
         "ps_store_write_seconds",
         "ps_dense_snapshot_seconds",
         "ps_dense_image_seconds",
+        "ps_rows_write_back_seconds",
     ] {
         let _ = histogram!(h);
     }
+    rows_state(0, 0);
     for c in [
         "ps_dense_snapshot_bytes_total",
         "ps_dense_image_bytes_total",
+        "ps_rows_written_back_total",
+        "ps_rows_written_back_bytes_total",
         "ps_bulk_connections_total",
     ] {
         counter!(c).absolute(0);
@@ -177,6 +203,18 @@ pub fn dense_snapshot(bytes: usize, took: Duration) {
 pub fn dense_image(bytes: u64, took: Duration) {
     counter!("ps_dense_image_bytes_total").increment(bytes);
     histogram!("ps_dense_image_seconds").record(took.as_secs_f64());
+}
+
+pub fn rows_written_back(rows: usize, bytes: usize, took: Duration) {
+    counter!("ps_rows_written_back_total").increment(rows as u64);
+    counter!("ps_rows_written_back_bytes_total").increment(bytes as u64);
+    histogram!("ps_rows_write_back_seconds").record(took.as_secs_f64());
+}
+
+/// The sparse rows dirty in memory, and pending since a restart.
+pub fn rows_state(dirty: u64, pending: u64) {
+    gauge!("ps_sparse_rows_dirty").set(dirty as f64);
+    gauge!("ps_sparse_rows_pending").set(pending as f64);
 }
 
 pub fn bulk_connection() {

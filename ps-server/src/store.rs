@@ -140,7 +140,7 @@ impl Default for RocksOptions {
             sync: false,
             write_buffer_mib: 16,
             max_write_buffers: 2,
-            max_total_wal_mib: 256,
+            max_total_wal_mib: 64,
             background_jobs: 2,
             recycle_wal_files: 4,
             dense_log_mib: 512,

@@ -15,14 +15,22 @@ use tonic_health::pb::health_client::HealthClient;
 struct Server {
     svc: Service,
     addr: String,
+    metrics: Option<std::net::SocketAddr>,
 }
 
 /// Starts `ps-server` on `listen` with its data in `data_dir` (its log in `logs/` beside it)
 /// and waits until it serves.
 async fn spawn(data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
-    let mut args: Vec<String> = ["--data-dir", data_dir.to_str().unwrap(), "--listen", listen]
-        .map(str::to_owned)
-        .into();
+    let mut args: Vec<String> = [
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--listen",
+        listen,
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ]
+    .map(str::to_owned)
+    .into();
     args.extend(extra.iter().map(|a| a.to_string()));
     let logs = data_dir.parent().unwrap().join("logs");
     let bin = Path::new(env!("CARGO_BIN_EXE_ps-server"));
@@ -31,7 +39,26 @@ async fn spawn(data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
     Server {
         svc,
         addr: ready.url(),
+        metrics: ready.metrics,
     }
+}
+
+/// The value of metric `name` (a series without labels) on `server`'s `/metrics`.
+async fn metric(server: &Server, name: &str) -> f64 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(server.metrics.unwrap())
+        .await
+        .unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).await.unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.split(' ').next() == Some(name))
+        .unwrap_or_else(|| panic!("no series {name} in {text}"));
+    line.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 fn client_config(addr: &str) -> ClientConfig {
@@ -637,12 +664,12 @@ async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
 
     let port = server.addr.rsplit(':').next().unwrap().to_owned();
     let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args).await;
+    let ps = connect(&server.addr).await;
     let mut raw = raw_client(&server.addr).await;
     assert!(
         raw.push_sparse(push).await.unwrap().into_inner().duplicate,
         "the restarted shard must recognise the retry"
     );
-    let ps = connect(&server.addr).await;
     let stats = ps.stats().await.unwrap().remove(0);
     assert_eq!(stats.tables[0].rows, ROWS, "the row count survives kill -9");
     assert_eq!(stats.tables[0].cached_rows, 0, "rows page in on first use");
@@ -658,6 +685,200 @@ async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
         .count();
     assert_eq!(wrong, 0, "values differing from the uninterrupted run");
     server.svc.kill();
+}
+
+/// Sparse rows are written back: a push's rows reach the log, and the store only later (when
+/// the log needs their room, here a 2 MiB log that wraps many times, or at eviction), each
+/// stamped with the last logged update it holds. Hot rows updated in every round and cold rows
+/// seen once, beside dense pushes in the same log, train exactly as an uninterrupted run
+/// computed here through kill -9; after the restart the rows the log touched are pending:
+/// pulled before anything else, brought up to date by a push, and pending still when the
+/// shard is killed a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sparse_rows_written_back_through_a_small_log_train_exactly_through_kill_9() {
+    const ROWS: u64 = 20_000;
+    const DIM: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ps.toml");
+    std::fs::write(&config, "[rocksdb]\ndense_log_mib = 2\n").unwrap();
+    let data = dir.path().join("data");
+    let args = ["--config", config.to_str().unwrap()];
+    let mut server = spawn(&data, "127.0.0.1:0", &args).await;
+    let ps = connect(&server.addr).await;
+    let opt = Optimizer::adagrad(0.1);
+    ps.create_table(
+        TableSpec::sparse("emb", DIM as u32)
+            .unwrap()
+            .with_optimizer(opt)
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    ps.create_table(
+        TableSpec::dense("count", &[4096])
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(1.0))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let all: Vec<u64> = (0..ROWS).collect();
+    let mut reference = Reference {
+        w: ps.pull_sparse("emb", &all).await.unwrap(),
+        state: vec![ps_core::optim::initial_state(&opt, DIM); ROWS as usize],
+        steps: vec![0u64; ROWS as usize],
+        opt,
+        dim: DIM,
+    };
+    // Each push: the 50 hot rows, then a window of cold rows that slides by 500 a round (rows
+    // new to the table until the window wraps); a hot id twice in a push is summed.
+    let push_ids = |round: u64| -> Vec<u64> {
+        let mut ids: Vec<u64> = (0..50).collect();
+        ids.extend((0..2_000).map(|k| 50 + (round * 500 + k) % (ROWS - 50)));
+        ids.push(round % 50);
+        ids
+    };
+    let grad = |id: u64, round: u64| -> Vec<f32> {
+        (0..DIM as u64)
+            .map(|j| ((id * 31 + round * 7 + j) % 13) as f32 * 0.1 - 0.6)
+            .collect()
+    };
+    let rounds = 60;
+    for round in 0..rounds {
+        let ids = push_ids(round);
+        let g = reference.push(&ids, |id| grad(id, round));
+        ps.push_sparse("emb", &ids, &g).await.unwrap();
+        ps.push_dense("count", &[-1.0; 4096]).await.unwrap();
+    }
+    // One push with a push id of the test's choosing, retried after the restarts.
+    let ids = push_ids(rounds);
+    let g = reference.push(&ids, |id| grad(id, rounds));
+    let push = ps_proto::v1::PushSparseRequest {
+        table: "emb".into(),
+        push_id: only_push(4343, 1),
+        map_epoch: 0,
+        ids,
+        values: Some(ps_core::Payload::from_f32(&g).into()),
+        clock: None,
+    };
+    let mut raw = raw_client(&server.addr).await;
+    assert!(
+        !raw.push_sparse(push.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .duplicate
+    );
+    // 61 pushes of about 66 KB through a 2 MiB log: rows were written back to free it.
+    let written = metric(&server, "ps_rows_written_back_total").await;
+    // Written through, every push would have written its 2,050 rows; here a row pushed in
+    // several rounds before its write-back is written once (28,800 when this was written).
+    assert!(written > 0.0, "no row was written back");
+    assert!(
+        written < (rounds as f64 + 1.0) * 2_050.0 / 2.0,
+        "{written} rows written back: updates were not combined"
+    );
+    server.svc.kill();
+
+    let port = server.addr.rsplit(':').next().unwrap().to_owned();
+    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args).await;
+    let ps = connect(&server.addr).await;
+    // The rows the log touched are pending: read before any push, hot rows and cold.
+    let probe: Vec<u64> = (0..ROWS).step_by(7).collect();
+    let got = ps.pull_sparse("emb", &probe).await.unwrap();
+    // A push brings the rows it touches up to date first; then kill -9 again at once.
+    let ids = push_ids(rounds + 1);
+    let g = reference.push(&ids, |id| grad(id, rounds + 1));
+    ps.push_sparse("emb", &ids, &g).await.unwrap();
+    server.svc.kill();
+    let w = &reference.w;
+    for (k, &id) in probe.iter().enumerate() {
+        let i = id as usize;
+        // The probe was read before the last push; rows it changed are checked below.
+        if !ids.contains(&id) {
+            assert_eq!(
+                got[k * DIM..(k + 1) * DIM],
+                w[i * DIM..(i + 1) * DIM],
+                "row {id} read while pending"
+            );
+        }
+    }
+
+    let server = spawn(&data, &format!("127.0.0.1:{port}"), &args).await;
+    let mut raw = raw_client(&server.addr).await;
+    assert!(
+        raw.push_sparse(push).await.unwrap().into_inner().duplicate,
+        "the restarted shard must recognise the retry"
+    );
+    let ps = connect(&server.addr).await;
+    let got = ps.pull_sparse("emb", &all).await.unwrap();
+    let wrong: Vec<u64> = all
+        .iter()
+        .filter(|&&id| {
+            let i = id as usize;
+            got[i * DIM..(i + 1) * DIM] != w[i * DIM..(i + 1) * DIM]
+        })
+        .copied()
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "rows differing from the uninterrupted run: {wrong:?}"
+    );
+    assert_eq!(
+        ps.pull_dense("count").await.unwrap(),
+        vec![rounds as f32; 4096]
+    );
+    let stats = ps.stats().await.unwrap().remove(0);
+    let emb = stats.tables.iter().find(|t| t.name == "emb").unwrap();
+    assert_eq!(emb.rows, ROWS, "every row pushed is counted once");
+    // A clean stop writes every row back: the next start has nothing pending.
+    server.svc.stop(Duration::from_secs(30)).await;
+    let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args).await;
+    assert_eq!(metric(&server, "ps_sparse_rows_pending").await, 0.0);
+    let ps = connect(&server.addr).await;
+    assert_eq!(ps.pull_sparse("emb", &all).await.unwrap(), got);
+    server.svc.kill();
+}
+
+/// What an uninterrupted run computes with the shards' own update rule: each row's
+/// parameters (as first pulled: the initializer), optimizer state and step.
+struct Reference {
+    w: Vec<f32>,
+    state: Vec<Vec<f32>>,
+    steps: Vec<u64>,
+    opt: Optimizer,
+    dim: usize,
+}
+
+impl Reference {
+    /// One push of `ids` (a row named twice gets the sum of its gradients, as a shard sums
+    /// them) with each id's gradient from `grad`; returns the push's values.
+    fn push(&mut self, ids: &[u64], grad: impl Fn(u64) -> Vec<f32>) -> Vec<f32> {
+        let dim = self.dim;
+        let mut flat = Vec::with_capacity(ids.len() * dim);
+        let mut summed: std::collections::BTreeMap<u64, Vec<f32>> = Default::default();
+        for &id in ids {
+            let g = grad(id);
+            match summed.get_mut(&id) {
+                Some(s) => s.iter_mut().zip(&g).for_each(|(s, g)| *s += g),
+                None => {
+                    summed.insert(id, g.clone());
+                }
+            }
+            flat.extend(g);
+        }
+        for (id, g) in summed {
+            let i = id as usize;
+            ps_core::optim::apply(
+                &self.opt,
+                &mut self.w[i * dim..(i + 1) * dim],
+                &mut self.state[i],
+                &mut self.steps[i],
+                &g,
+            );
+        }
+        flat
+    }
 }
 
 /// With --sync (fsync of the WAL and the dense log at every group commit) acknowledged pushes

@@ -860,6 +860,26 @@ impl ShardProcess {
         })
     }
 
+    /// What the shard's log says its start-up took: RocksDB's open, and the log's replay
+    /// (records, the rows they updated, milliseconds), as JSON fields.
+    fn start_up(&self) -> String {
+        let log = std::fs::read_to_string(self.svc.log()).unwrap_or_default();
+        let field = |name: &str| {
+            log.lines()
+                .rev()
+                .find_map(|l| l.split_once(&format!(" {name}="))?.1.split(' ').next())
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        format!(
+            "\"open_ms\":{},\"replayed_records\":{},\"pending_rows\":{},\"replay_ms\":{}",
+            field("open_ms"),
+            field("replayed"),
+            field("pending_rows"),
+            field("replay_ms")
+        )
+    }
+
     fn rss(&self) -> u64 {
         std::fs::read_to_string(format!("/proc/{}/status", self.svc.id()))
             .ok()
@@ -914,7 +934,55 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
         shard.rss() >> 20
     );
     drop(ps);
+    // Killed in the middle of training: the rows updated since their last write-back are in
+    // the log, replayed by the next process before it serves.
+    let mut shard = shard;
+    let killing = async {
+        tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+        shard.svc.kill();
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    tokio::select! {
+        _ = sparse_case(&endpoints, 5.0, &transport, args.keys) => {}
+        () = killing => {}
+    }
+    let t0 = Instant::now();
+    let shard = ShardProcess::start(&data, big).await?;
+    let ps = PsClient::connect(client_config(
+        std::slice::from_ref(&shard.endpoint),
+        &transport,
+    ))
+    .await?;
+    ps.pull_sparse("bench/sparse", &[1, 2, 3]).await?;
+    println!(
+        "{{\"case\":\"store_restart_after_kill_9\",\"rows\":{rows},\"while\":\"training the hot set\",\"serving_after_s\":{:.3},{}}}",
+        t0.elapsed().as_secs_f64(),
+        shard.start_up()
+    );
+    drop(ps);
     shard.svc.stop(std::time::Duration::from_secs(60)).await;
+    // The same runs on an in-memory shard (no store, no log): the ceiling of the durable rate.
+    let memory = ShardProcess::spawn(
+        &dir.path().join("memory"),
+        &[
+            "--in-memory".to_owned(),
+            "--bulk-listen".to_owned(),
+            "off".to_owned(),
+        ],
+    )
+    .await?;
+    let mem_endpoints = [memory.endpoint.clone()];
+    sparse_case(&mem_endpoints, seconds, &transport, args.keys).await?;
+    let (cpu0, t0) = (memory.svc.cpu_seconds()?, Instant::now());
+    let (mem_keys, _, _) = sparse_case(&mem_endpoints, seconds, &transport, args.keys).await?;
+    let mem_cpu = memory.svc.cpu_seconds()? - cpu0;
+    println!(
+        "{{\"case\":\"store_sparse_adagrad_dim64\",\"keys\":{},\"cache\":\"in-memory shard\",\"key_updates_per_s\":{mem_keys:.0},\"shard_cpu_s\":{mem_cpu:.2},\"key_updates_per_shard_cpu_s\":{:.0},\"durable_over_memory\":{:.3}}}",
+        args.keys,
+        mem_keys * t0.elapsed().as_secs_f64() / mem_cpu.max(0.01),
+        keys / mem_keys
+    );
+    memory.svc.stop(std::time::Duration::from_secs(60)).await;
     // The same table with a cache a tenth of its size.
     let small = ((rows * ROW_BYTES / 10) >> 20).max(1);
     let shard = ShardProcess::start(&data, small).await?;
@@ -1009,10 +1077,11 @@ async fn restart_case(root: &std::path::Path, rows: u64, t: &Transport) -> anyho
     anyhow::ensure!(got.len() == probe.len() * 64, "a short answer");
     let disk = dir_bytes(&data);
     println!(
-        "{{\"case\":\"store_restart_after_kill_9\",\"rows\":{stored},\"fill_rows_per_s\":{:.0},\"serving_after_s\":{serve_s:.3},\"ready_after_s\":{ready_s:.3},\"disk_mib\":{},\"rss_mib\":{}}}",
+        "{{\"case\":\"store_restart_after_kill_9\",\"rows\":{stored},\"fill_rows_per_s\":{:.0},\"serving_after_s\":{serve_s:.3},\"ready_after_s\":{ready_s:.3},\"disk_mib\":{},\"rss_mib\":{},{}}}",
         rows as f64 / fill_s,
         disk >> 20,
-        shard.rss() >> 20
+        shard.rss() >> 20,
+        shard.start_up()
     );
     if std::env::var_os("PS_BENCH_LOG").is_some() {
         let log = std::fs::read_to_string(shard.svc.log()).unwrap_or_default();

@@ -224,8 +224,10 @@ impl<S: Store> Inner<S> {
                 path: path.display().to_string(),
             });
         }
-        // The checkpoint holds the store alone: the dense cells go into it first.
+        // The checkpoint holds the store alone: the dirty rows and the dense cells go into it
+        // first.
         if let Some(log) = self.log.lock().as_mut() {
+            self.write_back_all(log)?;
             self.snapshot(log)?;
         }
         std::fs::create_dir_all(&path).map_err(StoreError::Io)?;

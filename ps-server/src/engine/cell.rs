@@ -14,32 +14,38 @@ pub(super) struct Cell {
 }
 
 impl Cell {
-    /// A cell of `n` values read from the store: its parameters, then (when its optimizer
-    /// keeps state) the step and the state values; `None` for the state of an SGD cell. A
-    /// sparse row's parameters may carry its step and state after them (one entry per row,
-    /// [`super::table::Table::put_cell`]); `state` is then not read.
+    /// A cell of `n` values read from the store, and its stamp: its parameters, then (when
+    /// its optimizer keeps state) the step and the state values; `None` for the state of an
+    /// SGD cell. A sparse row's parameters may carry its step, state and stamp after them
+    /// (one entry per row, [`super::table::Table::put_row`]); `state` is then not read.
     pub(super) fn stored(
         spec: &TableSpec,
         n: usize,
         params: &[u8],
         state: Option<&[u8]>,
-    ) -> Result<Self, crate::store::StoreError> {
+    ) -> Result<(Self, u64), crate::store::StoreError> {
         let slots = spec.optimizer.state_slots();
         let mut data = vec![0.0; n * (1 + slots)];
-        let (params, whole) = split_row(params, n);
+        let (params, whole, stamp) = split_stamped(params, n, slots);
         let state = whole.or(state);
         super::keys::read_f32s(params, &mut data[..n])?;
-        let mut step = 0;
-        if slots > 0 {
-            let state = state.ok_or_else(|| {
-                crate::store::StoreError::Corrupt("a stored row without its optimizer state".into())
-            })?;
-            step = read_state(state, &mut data[n..])?;
-        }
-        Ok(Self {
-            step,
-            data: data.into_boxed_slice(),
-        })
+        let step = match state {
+            // An SGD row stored with its stamp carries its step too.
+            Some(state) if slots > 0 || whole.is_some() => read_state(state, &mut data[n..])?,
+            None if slots > 0 => {
+                return Err(crate::store::StoreError::Corrupt(
+                    "a stored row without its optimizer state".into(),
+                ));
+            }
+            _ => 0,
+        };
+        Ok((
+            Self {
+                step,
+                data: data.into_boxed_slice(),
+            },
+            stamp,
+        ))
     }
 
     /// Sets the cell's step and optimizer state (after its `n` parameters) from their stored
@@ -78,12 +84,29 @@ impl Cell {
 }
 
 /// A stored row of `n` values: its parameters, and the step and state a row stored as one
-/// entry ([`super::table::Table::put_cell`]) carries after them.
+/// entry ([`super::table::Table::put_row`]) carries after them.
 pub(super) fn split_row(stored: &[u8], n: usize) -> (&[u8], Option<&[u8]>) {
     match stored.split_at_checked(n * 4) {
         Some((params, after)) if !after.is_empty() => (params, Some(after)),
         _ => (stored, None),
     }
+}
+
+/// A stored sparse row of `n` values with `slots` state slots: its parameters, its step and
+/// state when it carries them, and its stamp: the log position (plus one) of the last logged
+/// update it holds, 0 for rows stored without one. The forms, told apart by their length:
+/// parameters alone (`n` floats, an SGD row or the first of two entries), parameters, step
+/// and state (one entry, written before stamps), and parameters, step, state and stamp.
+pub(super) fn split_stamped(stored: &[u8], n: usize, slots: usize) -> (&[u8], Option<&[u8]>, u64) {
+    let stamped = n * 4 * (1 + slots) + 16;
+    if stored.len() == stamped {
+        let (row, stamp) = stored.split_at(stamped - 8);
+        let stamp = u64::from_le_bytes(stamp.try_into().unwrap_or_default());
+        let (params, state) = row.split_at(n * 4);
+        return (params, Some(state), stamp);
+    }
+    let (params, state) = split_row(stored, n);
+    (params, state, 0)
 }
 
 /// Reads a stored optimizer state (the step count, then the state values) into `state`;

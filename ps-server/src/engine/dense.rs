@@ -30,7 +30,7 @@ impl<S: Store> Inner<S> {
         for table in self.tables.read().values() {
             if let TableData::Dense(chunks) = &table.data {
                 for (&index, cell) in chunks {
-                    table.put_cell(index, &cell.read(), &mut batch, &mut scratch);
+                    table.put_chunk(index, &cell.read(), &mut batch, &mut scratch);
                 }
             }
         }
@@ -39,7 +39,7 @@ impl<S: Store> Inner<S> {
         let bytes = batch.size_bytes();
         self.write(batch)
             .map_err(|cause| EngineError::ReadOnly { cause })?;
-        log.snapshot_taken(head);
+        log.set_dense_tail(head);
         m::dense_snapshot(bytes, t0.elapsed());
         Ok(())
     }
@@ -66,7 +66,7 @@ impl<S: Store> Inner<S> {
         batch.put(Cf::Meta, META_LOG_POS, &at.to_le_bytes());
         self.write(batch)
             .map_err(|cause| EngineError::ReadOnly { cause })?;
-        log.snapshot_taken(at);
+        log.set_dense_tail(at);
         m::dense_image(written, t0.elapsed());
         Ok(())
     }
@@ -86,50 +86,75 @@ impl<S: Store> Inner<S> {
             .store(DenseLog::image_len(cells, floats), Ordering::Relaxed);
     }
 
-    /// Decides where a group's dense gradients go: the log (with the record's length; after an
-    /// image or a snapshot when the record would overwrite live ones), or the store (`None`).
-    /// A group larger than the log takes goes to the store after a snapshot, so that the
-    /// store's cells never lag the log's records behind a newer direct write.
+    /// Decides where a group's dense gradients and written-back sparse rows go: the log
+    /// (with the record's length at most; after freeing the log when the record would
+    /// overwrite live ones), or the store (`None`). A group larger than the log takes goes to
+    /// the store after a snapshot, so that the store's cells never lag the log's records
+    /// behind a newer direct write (its sparse rows are written through, with their stamps).
     pub(super) fn prepare_log(&self, log: &mut DenseLog, pushes: &[Queued]) -> Result<Option<u64>> {
-        let (mut dense, mut chunks, mut bytes) = (0, 0, 0);
+        let (mut entries, mut chunks, mut bytes) = (0, 0, 0);
         for (job, _) in pushes {
-            if let Job::Dense(table, push) = job {
-                let Some(shape) = table.spec.dense_shape() else {
-                    continue;
-                };
-                dense += 1;
-                for slice in &push.slices {
-                    let (mut offset, mut chunk) = (0, slice.chunk);
-                    while offset < slice.values.len() {
-                        let Some(n) = shape.chunk_len(chunk) else {
-                            break;
-                        };
-                        offset += n;
-                        chunk += 1;
-                        chunks += 1;
+            match job {
+                Job::Dense(table, push) => {
+                    let Some(shape) = table.spec.dense_shape() else {
+                        continue;
+                    };
+                    entries += 1;
+                    for slice in &push.slices {
+                        let (mut offset, mut chunk) = (0, slice.chunk);
+                        while offset < slice.values.len() {
+                            let Some(n) = shape.chunk_len(chunk) else {
+                                break;
+                            };
+                            offset += n;
+                            chunk += 1;
+                            chunks += 1;
+                        }
+                        bytes += slice.values.len() * 4;
                     }
-                    bytes += slice.values.len() * 4;
                 }
+                // At most: every id a row of its own (duplicates are summed into one).
+                Job::Sparse(table, push) if table.writes_back() => {
+                    entries += 1;
+                    chunks += push.ids.len();
+                    bytes += push.ids.len() * table.spec.row_dim() * 4;
+                }
+                Job::Sparse(..) => {}
             }
         }
-        if dense == 0 {
+        if entries == 0 {
             return Ok(None);
         }
-        let len = DenseLog::record_len(dense, chunks, bytes);
+        let len = DenseLog::record_len(entries, chunks, bytes);
         if len > log.max_record() {
             self.snapshot(log)?;
             return Ok(None);
         }
         // Records leave room for the image that frees the log behind them; when there is no
-        // more, the image is written (or, when the cells are too many for one, a snapshot).
+        // more, the oldest dirty rows are written back and the image is written (or, when the
+        // cells are too many for one, a snapshot).
         let image = self.image_len.load(Ordering::Relaxed);
         let room = if image <= log.max_image() { image } else { 0 };
         if !log.fits(len + room) {
-            if room > 0 && log.fits(room) {
-                self.write_image(log, image)?;
+            let needed = log.tail_needed(len + room);
+            if log.rows_tail() < needed {
+                // A sixteenth of the log more, so that this is not needed at every group.
+                let slack = log.capacity() / 16;
+                self.write_back(log, (needed + slack).min(log.head()))?;
+            }
+            if log.dense_tail() < needed {
+                if room > 0 && log.fits(room) {
+                    self.write_image(log, image)?;
+                }
+                if !log.fits(len) {
+                    self.snapshot(log)?;
+                }
             }
             if !log.fits(len) {
-                self.snapshot(log)?;
+                self.write_back_all(log)?;
+                if !log.fits(len) {
+                    self.snapshot(log)?;
+                }
             }
         }
         Ok(Some(len))

@@ -18,6 +18,9 @@ pub(super) const META_DEDUP: u8 = b'd';
 pub(super) const META_FLOOR: u8 = b'f';
 /// The dense-log position the dense cells in the store cover (little-endian u64).
 pub(super) const META_LOG_POS: &[u8] = b"l";
+/// The log position the sparse rows in the store cover: every update logged before it is in
+/// the store (little-endian u64; absent: the same as [`META_LOG_POS`]).
+pub(super) const META_ROWS_LOG_POS: &[u8] = b"w";
 
 /// `r<table id>` → the rows a sparse table has on this shard (little-endian u64).
 pub(super) const META_ROWS: u8 = b'r';

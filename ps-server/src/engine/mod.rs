@@ -37,6 +37,7 @@ mod expiry;
 mod export;
 mod keys;
 mod paging;
+mod pending;
 mod read;
 mod recovery;
 mod routing;
@@ -44,6 +45,7 @@ mod rows;
 mod shard;
 mod table;
 mod validate;
+mod writeback;
 mod writer;
 
 use std::collections::HashMap;
@@ -191,6 +193,12 @@ struct Inner<S: Store> {
     unloaded: RwLock<HashMap<TableName, Unloaded>>,
     /// The sparse-row cache's budget and counters.
     cache: rows::Cache,
+    /// The dirty sparse rows, oldest first (`writeback.rs`); used by the writer alone.
+    writeback: Mutex<writeback::WriteBack>,
+    /// Sparse rows in memory whose latest updates the store lacks.
+    dirty_rows: AtomicU64,
+    /// The sparse rows a restart found updates of in the log, not yet applied (`pending.rs`).
+    pending: pending::Pending,
 }
 
 /// A stored table the shard did not load at start-up: calls on it are refused until it is
@@ -269,6 +277,9 @@ impl<S: Store> Engine<S> {
             memory_used: AtomicU64::new(0),
             unloaded: RwLock::new(HashMap::new()),
             cache: rows::Cache::new(store.durable().then_some(cfg.cache_bytes)),
+            writeback: Mutex::new(writeback::WriteBack::default()),
+            dirty_rows: AtomicU64::new(0),
+            pending: pending::Pending::default(),
             store,
             cfg,
         });

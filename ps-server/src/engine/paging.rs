@@ -54,9 +54,9 @@ impl<S: Store> Inner<S> {
         for (i, p) in params.into_iter().enumerate() {
             if let Some(p) = p {
                 let state = states.get(i).and_then(|s| s.as_deref());
-                let cell = Cell::stored(&table.spec, dim, &p, state)?;
+                let (cell, stamp) = Cell::stored(&table.spec, dim, &p, state)?;
                 let at = touched.get(i).copied().unwrap_or(0);
-                found.insert(ids[i], Row::new(cell, at));
+                found.insert(ids[i], Row::new(cell, at, stamp));
             }
         }
         Ok(found)
@@ -72,16 +72,27 @@ impl<S: Store> Inner<S> {
         ids: &[u64],
         missing: &[usize],
         buf: &mut [f32],
-    ) -> Result<(), StoreError> {
+    ) -> super::Result<()> {
         let dim = table.spec.row_dim();
         let mut want: Vec<u64> = missing.iter().map(|&i| ids[i]).collect();
         want.sort_unstable();
         want.dedup();
+        // Rows a restart left pending: their updates are taken before the store is read (see
+        // `pending.rs`), and the rows brought up to date are answered, never cached.
+        let pending = self.pending.get(table.id, &want);
+        let pending: HashMap<u64, Row, foldhash::fast::RandomState> = if pending.is_empty() {
+            HashMap::default()
+        } else {
+            let rows: HashMap<u64, Row, foldhash::fast::RandomState> =
+                self.pending_rows(table, pending)?.into_iter().collect();
+            want.retain(|id| !rows.contains_key(id));
+            rows
+        };
         let epoch = self.cache.epoch.load(Ordering::SeqCst);
         let mut fetched = self.fetch_rows(table, &want)?;
         for &i in missing {
             let out = &mut buf[i * dim..(i + 1) * dim];
-            match fetched.get(&ids[i]) {
+            match fetched.get(&ids[i]).or_else(|| pending.get(&ids[i])) {
                 Some(row) => out.copy_from_slice(&row.cell.data[..dim]),
                 None => table.spec.initializer.fill(table.hash, ids[i], out),
             }
@@ -118,7 +129,8 @@ impl<S: Store> Inner<S> {
     }
 
     /// Evicts rows, by CLOCK, until the cache is back under 15/16 of its budget. The writer
-    /// calls it after a group is written, so every row it evicts is in the store.
+    /// calls it after a group is written, so every clean row it evicts is in the store; a
+    /// dirty row the hand would evict is written back first and evicted by the next turn.
     pub(super) fn evict(&self) {
         let Some(budget) = self.cache.budget else {
             return;
@@ -137,10 +149,18 @@ impl<S: Store> Inner<S> {
             .collect();
         let mut hand = self.cache.hand.lock();
         let positions = tables.len() as u64 * STRIPES as u64;
-        // Two turns of the hand clear every bit and evict every row: enough in every case.
-        for _ in 0..2 * positions {
+        let mut dirty: Vec<(Arc<Table>, u64)> = Vec::new();
+        // Two turns of the hand clear every bit and evict every clean row; the dirty ones met
+        // are written back and a third turn evicts them.
+        for turn in 0..3 * positions {
             if used <= low {
                 break;
+            }
+            if (turn == 2 * positions || dirty.len() >= 65_536)
+                && let Err(e) = self.write_back_victims(&mut dirty)
+            {
+                tracing::warn!(error = %e, "dirty rows not written back; none evicted");
+                return;
             }
             *hand = (*hand + 1) % positions;
             let table = &tables[(*hand / STRIPES as u64) as usize];
@@ -148,9 +168,14 @@ impl<S: Store> Inner<S> {
                 continue;
             };
             self.cache.epoch.fetch_add(1, Ordering::SeqCst);
-            let evicted = rows.sweep((*hand % STRIPES as u64) as usize);
+            let evicted = rows.sweep((*hand % STRIPES as u64) as usize, &mut |id, _| {
+                dirty.push((table.clone(), id));
+            });
             used = used.saturating_sub(evicted * table.row_bytes());
             self.cache.evictions.fetch_add(evicted, Ordering::Relaxed);
+        }
+        if let Err(e) = self.write_back_victims(&mut dirty) {
+            tracing::warn!(error = %e, "dirty rows not written back");
         }
     }
 }

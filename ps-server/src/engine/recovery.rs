@@ -8,8 +8,8 @@ use std::sync::atomic::Ordering;
 
 use super::cell::Cell;
 use super::keys::{
-    META_DEDUP, META_FLOOR, META_IDENTITY, META_LOG_POS, META_NEXT_ID, META_TABLE, StoredIdentity,
-    StoredTable, be_u64, le_u64, read_f32s, rows_key,
+    META_DEDUP, META_FLOOR, META_IDENTITY, META_LOG_POS, META_NEXT_ID, META_ROWS_LOG_POS,
+    META_TABLE, StoredIdentity, StoredTable, be_u64, le_u64, read_f32s, rows_key,
 };
 use super::table::{Table, TableData, footprint};
 use super::{EngineError, Inner, Result, Unloaded};
@@ -88,10 +88,12 @@ impl<S: Store> Inner<S> {
             tables = self.tables.read().len(),
             clients = self.dedup.lock().clients.len(),
             replayed,
+            pending_rows = self.pending.len(),
             replay_ms = t0.elapsed().as_millis() as u64,
             "shard state loaded"
         );
         self.dense_cells_changed();
+        crate::metrics::rows_state(0, self.pending.len());
         Ok(())
     }
 
@@ -234,7 +236,14 @@ impl<S: Store> Inner<S> {
             }
             Ok(())
         })?;
-        let Some(from) = from else {
+        let mut rows_from = None;
+        self.store.scan(Cf::Meta, META_ROWS_LOG_POS, &mut |k, v| {
+            if k == META_ROWS_LOG_POS {
+                rows_from = Some(le_u64(v)?);
+            }
+            Ok(())
+        })?;
+        let Some(dense_from) = from else {
             // A new database: whatever a log file beside it holds is not its own.
             log.reset()?;
             let mut batch = self.store.batch();
@@ -257,9 +266,16 @@ impl<S: Store> Inner<S> {
         let mut dedup = self.dedup.lock();
         let mut batch = self.store.batch();
         let mut grad = Vec::new();
-        let records = log.replay(from, &mut |logged| -> Result<()> {
+        // Rows the replayed pushes stored whose group's store write was lost: not counted yet.
+        let mut new_rows: HashMap<u32, u64> = HashMap::new();
+        let rows_from = rows_from.unwrap_or(dense_from);
+        let from = dense_from.min(rows_from);
+        // Sparse updates are indexed, not applied: the rows they touch are read on first use.
+        self.pending.set_file(log.reader()?);
+        let records = log.replay(from, &mut |pos, logged| -> Result<()> {
             let pushes = match logged {
                 Logged::Pushes(pushes) => pushes,
+                Logged::Image(_) if pos < dense_from => return Ok(()),
                 Logged::Image(cells) => {
                     for c in cells {
                         if let Some(table) = unloaded.get(&c.table_id) {
@@ -292,25 +308,40 @@ impl<S: Store> Inner<S> {
                 }
             };
             for p in pushes {
-                if let Some(table) = unloaded.get(&p.table_id) {
-                    for &(index, data) in &p.chunks {
-                        let cell = self.folded_cell(&mut folded, table, index)?;
+                let unlanded = !dedup.seen(&p.push_id);
+                if let Some(table) = unloaded.get(&p.table_id)
+                    && pos >= dense_from
+                {
+                    for c in &p.chunks {
+                        let cell = self.folded_cell(&mut folded, table, c.index)?;
                         let n = cell.data.len() / (1 + table.spec.optimizer.state_slots());
                         grad.resize(n, 0.0);
-                        read_f32s(data, &mut grad)?;
+                        read_f32s(c.data, &mut grad)?;
                         table.apply_grad(cell, &grad);
                     }
                 }
                 // Records of a table dropped since are skipped; its cells are gone.
                 if let Some(table) = by_id.get(&p.table_id) {
                     let TableData::Dense(chunks) = &table.data else {
-                        return Err(StoreError::Corrupt(format!(
-                            "the dense log names sparse table `{}`",
-                            table.spec.name
-                        ))
-                        .into());
+                        if pos >= rows_from {
+                            for c in &p.chunks {
+                                self.pending.add(table.id, c.index, pos, c.offset, c.new);
+                            }
+                            let stored = p.chunks.iter().filter(|c| c.new).count() as u64;
+                            if unlanded && stored > 0 {
+                                *new_rows.entry(table.id).or_default() += stored;
+                            }
+                        }
+                        if unlanded {
+                            dedup.record(&p.push_id, &mut batch);
+                        }
+                        continue;
                     };
-                    for &(index, data) in &p.chunks {
+                    if pos < dense_from {
+                        continue;
+                    }
+                    for c in &p.chunks {
+                        let (index, data) = (c.index, c.data);
                         let cell = chunks.get(&index).ok_or_else(|| {
                             StoreError::Corrupt(format!(
                                 "the dense log names chunk {index} of `{}`, not this shard's",
@@ -324,19 +355,27 @@ impl<S: Store> Inner<S> {
                         table.apply_grad(&mut cell, &grad);
                     }
                 }
-                if !dedup.seen(&p.push_id) {
+                if unlanded {
                     dedup.record(&p.push_id, &mut batch);
                 }
             }
             Ok(())
         })?;
         drop(dedup);
+        // The tails as stored.
+        log.set_dense_tail(dense_from);
+        log.set_rows_tail(rows_from);
+        for (id, n) in new_rows {
+            if let Some(TableData::Sparse(rows)) = by_id.get(&id).map(|t| &t.data) {
+                batch.put(Cf::Meta, &rows_key(id), &rows.add_stored(n).to_le_bytes());
+            }
+        }
         if !folded.is_empty() {
             // The folded cells, every loaded dense cell and the log position they all cover,
             // in one write: a restart never replays a folded record twice.
             let mut scratch = Vec::new();
             for ((id, index), cell) in &folded {
-                unloaded[id].put_cell(*index, cell, &mut batch, &mut scratch);
+                unloaded[id].put_chunk(*index, cell, &mut batch, &mut scratch);
             }
             tracing::warn!(
                 cells = folded.len(),

@@ -26,7 +26,8 @@ pub(super) const STRIPES: usize = 128;
 
 type Stripe = HashMap<u64, Row, foldhash::fast::RandomState>;
 
-/// A cached row, its reference bit, and (tables that evict rows) when it was last pushed.
+/// A cached row, its reference bit, (tables that evict rows) when it was last pushed, and
+/// (rows written back, `writeback.rs`) the logged updates it holds.
 #[derive(Debug)]
 pub(super) struct Row {
     pub(super) cell: Cell,
@@ -34,15 +35,28 @@ pub(super) struct Row {
     /// Seconds since the Unix epoch of the row's last push as stored in `Cf::Touched`; 0: none
     /// stored (a new row, or a table that does not evict rows). Only the writer changes it.
     pub(super) touched: AtomicU32,
+    /// The log position (plus one) of the last logged update the row holds; 0: none. Stored
+    /// with the row, so that a replay skips the updates a stored row already holds.
+    pub(super) stamp: AtomicU64,
+    /// The log position (plus one) of the oldest logged update the store lacks; 0: the store
+    /// holds the row as it is here (clean). Only the writer changes it.
+    pub(super) dirty: AtomicU64,
 }
 
 impl Row {
-    pub(super) fn new(cell: Cell, touched: u32) -> Self {
+    pub(super) fn new(cell: Cell, touched: u32, stamp: u64) -> Self {
         Self {
             cell,
             referenced: AtomicBool::new(true),
             touched: AtomicU32::new(touched),
+            stamp: AtomicU64::new(stamp),
+            dirty: AtomicU64::new(0),
         }
+    }
+
+    /// Whether the store lacks some of the row's updates.
+    pub(super) fn is_dirty(&self) -> bool {
+        self.dirty.load(Ordering::Relaxed) != 0
     }
 
     /// Marks a hit.
@@ -140,11 +154,21 @@ impl Rows {
     }
 
     /// One CLOCK pass over stripe `index`: rows whose bit is set lose it, the others leave
-    /// memory. Returns the rows evicted.
-    pub(super) fn sweep(&self, index: usize) -> u64 {
+    /// memory, but for dirty ones, which stay and are handed to `dirty` to be written back
+    /// (clean, a later pass evicts them). Returns the rows evicted.
+    pub(super) fn sweep(&self, index: usize, dirty: &mut dyn FnMut(u64, &Row)) -> u64 {
         let mut stripe = self.stripes[index % STRIPES].write();
         let before = stripe.len();
-        stripe.retain(|_, row| row.referenced.swap(false, Ordering::Relaxed));
+        stripe.retain(|&id, row| {
+            if row.referenced.swap(false, Ordering::Relaxed) {
+                return true;
+            }
+            if row.is_dirty() {
+                dirty(id, row);
+                return true;
+            }
+            false
+        });
         let evicted = (before - stripe.len()) as u64;
         self.cached.fetch_sub(evicted, Ordering::Relaxed);
         evicted

@@ -155,6 +155,12 @@ impl Table {
         &self.spec
     }
 
+    /// Whether the table's updated rows are written back (`writeback.rs`) when the shard
+    /// has a log: a sparse table that does not evict rows.
+    pub(super) fn writes_back(&self) -> bool {
+        matches!(self.data, TableData::Sparse(_)) && self.eviction.is_none()
+    }
+
     /// The store key of cell `index` ([`super::keys::cell_key`]).
     pub(super) fn key(&self, index: u64) -> [u8; 12] {
         super::keys::cell_key(self.id, index)
@@ -253,8 +259,9 @@ impl Table {
         self.apply_grad(cell, grad);
     }
 
-    /// Puts one cell's parameters and optimizer state into `batch`.
-    pub(super) fn put_cell(
+    /// Puts one dense chunk's parameters and optimizer state into `batch`: two entries, since
+    /// its parameters alone are what an export reads.
+    pub(super) fn put_chunk(
         &self,
         index: u64,
         cell: &Cell,
@@ -263,24 +270,36 @@ impl Table {
     ) {
         let n = cell.data.len() / (1 + self.spec.optimizer.state_slots());
         let key = self.key(index);
-        let params: &[u8] = bytemuck::cast_slice(&cell.data[..n]);
-        if self.spec.optimizer.state_slots() == 0 {
-            // SGD keeps no state.
-            batch.put(Cf::Params, &key, params);
-        } else if matches!(self.data, TableData::Sparse(_)) {
-            // A sparse row is one entry: its parameters, then its step and state. RocksDB's
-            // costs are per entry as well as per byte; one entry per row raised the durable
-            // rate with a tenth of the table cached by about a third (README). Rows stored
-            // before this were two entries; `Cell::stored` reads both forms.
-            scratch.clear();
-            scratch.extend_from_slice(params);
-            cell.append_state(n, scratch);
-            batch.put(Cf::Params, &key, scratch);
-        } else {
-            // A dense chunk's parameters alone are what an export reads.
-            batch.put(Cf::Params, &key, params);
+        batch.put(Cf::Params, &key, bytemuck::cast_slice(&cell.data[..n]));
+        if self.spec.optimizer.state_slots() > 0 {
             batch.put(Cf::Optim, &key, cell.encode_state(n, scratch));
         }
+    }
+
+    /// Puts one sparse row into `batch` as one entry: its parameters, its step and state, and
+    /// `stamp`, the log position (plus one) of the last logged update it holds (0: none).
+    /// RocksDB's costs are per entry as well as per byte; one entry per row raised the durable
+    /// rate with a tenth of the table cached by about a third (README). Rows stored before
+    /// were two entries, or had no stamp; [`Cell::stored`] reads every form.
+    pub(super) fn put_row(
+        &self,
+        id: u64,
+        cell: &Cell,
+        stamp: u64,
+        batch: &mut impl StoreBatch,
+        scratch: &mut Vec<u8>,
+    ) {
+        self.put_row_into(cell, stamp, scratch);
+        batch.put(Cf::Params, &self.key(id), scratch);
+    }
+
+    /// A sparse row's stored form ([`Table::put_row`]), into `out`.
+    pub(super) fn put_row_into(&self, cell: &Cell, stamp: u64, out: &mut Vec<u8>) {
+        let n = cell.data.len() / (1 + self.spec.optimizer.state_slots());
+        out.clear();
+        out.extend_from_slice(bytemuck::cast_slice(&cell.data[..n]));
+        cell.append_state(n, out);
+        out.extend_from_slice(&stamp.to_le_bytes());
     }
 }
 
@@ -320,19 +339,35 @@ mod tests {
         let table = Table::new(1, spec.clone(), |_, _| true);
         let cell = trained(&table, 42, 3);
         let mut batch = Recorded::default();
-        table.put_cell(42, &cell, &mut batch, &mut Vec::new());
+        table.put_row(42, &cell, 77, &mut batch, &mut Vec::new());
         assert_eq!(batch.0.len(), 1, "one entry per row");
         let (cf, key, value) = &batch.0[0];
         assert_eq!((*cf, key.as_slice()), (Cf::Params, &table.key(42)[..]));
-        let back = Cell::stored(&spec, 3, value, None).unwrap();
-        assert_eq!((back.step, &back.data), (cell.step, &cell.data));
-        // The form rows were stored in before: parameters and state as two entries.
+        let (back, stamp) = Cell::stored(&spec, 3, value, None).unwrap();
+        assert_eq!((back.step, &back.data, stamp), (cell.step, &cell.data, 77));
+        // The forms rows were stored in before, without a stamp: one entry, and parameters
+        // and state as two entries.
         let params: &[u8] = bytemuck::cast_slice(&cell.data[..3]);
         let mut scratch = Vec::new();
         let state = cell.encode_state(3, &mut scratch).to_vec();
-        let back = Cell::stored(&spec, 3, params, Some(&state)).unwrap();
-        assert_eq!((back.step, &back.data), (cell.step, &cell.data));
+        let one = [params, &state[..]].concat();
+        let (back, stamp) = Cell::stored(&spec, 3, &one, None).unwrap();
+        assert_eq!((back.step, &back.data, stamp), (cell.step, &cell.data, 0));
+        let (back, stamp) = Cell::stored(&spec, 3, params, Some(&state)).unwrap();
+        assert_eq!((back.step, &back.data, stamp), (cell.step, &cell.data, 0));
         assert!(Cell::stored(&spec, 3, params, None).is_err());
+        // An SGD row keeps its step and stamp beside its parameters.
+        let sgd = TableSpec::sparse("s", 3).unwrap();
+        let table = Table::new(2, sgd.clone(), |_, _| true);
+        let cell = trained(&table, 5, 3);
+        let mut batch = Recorded::default();
+        table.put_row(5, &cell, 9, &mut batch, &mut Vec::new());
+        let (back, stamp) = Cell::stored(&sgd, 3, &batch.0[0].2, None).unwrap();
+        assert_eq!((back.step, &back.data, stamp), (cell.step, &cell.data, 9));
+        // Its form before stamps: the parameters alone.
+        let params: &[u8] = bytemuck::cast_slice(&cell.data);
+        let (back, stamp) = Cell::stored(&sgd, 3, params, None).unwrap();
+        assert_eq!((back.step, &back.data, stamp), (0, &cell.data, 0));
     }
 
     #[test]
@@ -344,7 +379,7 @@ mod tests {
         let table = Table::new(1, spec, |_, _| true);
         let cell = trained(&table, 0, 4);
         let mut batch = Recorded::default();
-        table.put_cell(0, &cell, &mut batch, &mut Vec::new());
+        table.put_chunk(0, &cell, &mut batch, &mut Vec::new());
         let cfs: Vec<Cf> = batch.0.iter().map(|(cf, _, _)| *cf).collect();
         assert_eq!(cfs, [Cf::Params, Cf::Optim]);
         assert_eq!(batch.0[0].2.len(), 16, "the parameters alone");

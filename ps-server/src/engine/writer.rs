@@ -4,6 +4,7 @@
 //! answers the callers only after both writes: one durable write serves many pushes.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
@@ -63,9 +64,10 @@ impl<S: Store> Inner<S> {
                         self.commit_group(std::mem::take(&mut pushes), &mut scratch);
                         // A clean stop leaves nothing to replay at the next start.
                         if let Some(log) = self.log.lock().as_mut()
-                            && let Err(e) = self.snapshot(log)
+                            && let Err(e) =
+                                self.write_back_all(log).and_then(|()| self.snapshot(log))
                         {
-                            tracing::warn!(error = %e, "no dense snapshot at stop; the next start replays the log");
+                            tracing::warn!(error = %e, "the log is not empty at stop; the next start replays it");
                         }
                         tracing::info!("writer stopped");
                         return;
@@ -74,17 +76,28 @@ impl<S: Store> Inner<S> {
                     Cmd::EvictRows => {}
                     admin => {
                         self.commit_group(std::mem::take(&mut pushes), &mut scratch);
-                        self.evict_rows();
-                        self.evict();
+                        self.after_group();
                         self.run_admin(admin);
                     }
                 }
             }
             self.commit_group(pushes, &mut scratch);
-            self.evict_rows();
-            self.evict();
+            self.after_group();
         }
         tracing::info!("writer stopped");
+    }
+
+    /// What the writer does between groups: rows evicted by their tables' TTL and caps, the
+    /// cache kept within its budget, and the oldest dirty rows written back.
+    fn after_group(&self) {
+        self.evict_rows();
+        self.evict();
+        if let Some(log) = self.log.lock().as_mut() {
+            if let Err(e) = self.trickle_write_back(log) {
+                tracing::warn!(error = %e, "dirty rows not written back");
+            }
+            m::rows_state(self.dirty_rows.load(Ordering::Relaxed), self.pending.len());
+        }
     }
 
     fn commit_group(&self, pushes: Vec<Queued>, scratch: &mut Scratch) {
@@ -237,7 +250,10 @@ impl<S: Store> Inner<S> {
         }
         let outcome = match job {
             Job::Dense(t, p) => self.apply_dense(t, p, batch, log),
-            Job::Sparse(t, p) => self.apply_sparse(t, p, batch, scratch)?,
+            Job::Sparse(t, p) => {
+                let log = log.filter(|_| t.writes_back());
+                self.apply_sparse(t, p, batch, log, scratch)?
+            }
         };
         dedup.record(push_id, batch);
         self.counters.pushes_applied.fetch_add(1, Ordering::Relaxed);
@@ -302,7 +318,8 @@ impl<S: Store> Inner<S> {
                     None => {
                         grad.resize(n, 0.0);
                         ps_core::payload::read_f32_le(part.data(), &mut grad);
-                        update_cell(table, chunk - 1, &mut cell, &grad, batch, &mut scratch)
+                        table.apply_grad(&mut cell, &grad);
+                        table.put_chunk(chunk - 1, &cell, batch, &mut scratch);
                     }
                 }
                 out.applied_values += n as u64;
@@ -311,11 +328,15 @@ impl<S: Store> Inner<S> {
         out
     }
 
+    /// Applies a sparse push to its rows. With `log` (a table written back), each updated
+    /// row's gradient goes into the log's record and the row stays dirty in memory
+    /// (`writeback.rs`); without, the updated rows go into `batch`.
     fn apply_sparse(
         &self,
-        table: &Table,
+        table: &Arc<Table>,
         push: &PushSparse,
         batch: &mut S::Batch,
+        mut log: Option<&mut DenseLog>,
         scratch: &mut Scratch,
     ) -> Result<PushOutcome> {
         let mut out = PushOutcome::default();
@@ -362,9 +383,16 @@ impl<S: Store> Inner<S> {
         // (only this thread evicts, so the others stay in memory until the group is written).
         missing.clear();
         missing.extend(order.iter().copied().filter(|&id| !rows.contains(id)));
-        let mut fetched = self.fetch_rows(table, missing)?;
         self.cache
             .counted((order.len() - missing.len()) as u64, missing.len() as u64);
+        // Rows a restart left pending are brought up to date (and written back) first.
+        let recovered = self.recover(table, missing)?;
+        if !recovered.is_empty() {
+            let ids: std::collections::HashSet<u64> = recovered.iter().map(|r| r.0).collect();
+            missing.retain(|id| !ids.contains(id));
+        }
+        let mut fetched = self.fetch_rows(table, missing)?;
+        fetched.extend(recovered);
         // When the rows are pushed, for a table that evicts them by age or count.
         let stamp = table
             .eviction
@@ -372,12 +400,16 @@ impl<S: Store> Inner<S> {
             .map(|e| e.stamp(self.cfg.clock.now(), push.clock));
         let mut new_rows = 0u64;
         let mut held_back = 0u64;
+        if let Some(log) = log.as_deref_mut() {
+            log.push(table.id, &push.push_id);
+        }
         for (&id, g) in order.iter().zip(combined.chunks_exact(dim)) {
             if table.spec.non_finite == NonFinitePolicy::Skip && g.iter().any(|v| !v.is_finite()) {
                 out.skipped_non_finite += 1;
                 continue;
             }
             let mut stripe = rows.stripe(id).write();
+            let mut new = false;
             if !stripe.contains_key(&id) {
                 let row = match fetched.remove(&id) {
                     Some(row) => row,
@@ -388,13 +420,25 @@ impl<S: Store> Inner<S> {
                             continue;
                         }
                         new_rows += 1;
-                        Row::new(Cell::fresh(&table.spec, table.hash, id, dim), 0)
+                        new = true;
+                        Row::new(Cell::fresh(&table.spec, table.hash, id, dim), 0, 0)
                     }
                 };
                 rows.insert_absent(&mut stripe, id, row);
             }
             if let Some(row) = stripe.get_mut(&id) {
-                update_cell(table, id, &mut row.cell, g, batch, scratch);
+                table.apply_grad(&mut row.cell, g);
+                match log.as_deref_mut() {
+                    Some(log) => {
+                        log.row_f32(id, g, new);
+                        self.logged_update(table, id, row, log.position());
+                    }
+                    None => {
+                        let stamp = row.stamp.load(Ordering::Relaxed);
+                        table.put_row(id, &row.cell, stamp, batch, scratch);
+                        self.written_back(row);
+                    }
+                }
                 if let (Some(eviction), Some(stamp)) = (&table.eviction, stamp) {
                     eviction.touch(table.id, id, row, stamp, batch);
                 }
@@ -424,17 +468,4 @@ impl<S: Store> Inner<S> {
         }
         Ok(out)
     }
-}
-
-/// Applies `grad` to one cell and puts its parameters and optimizer state in the batch.
-fn update_cell(
-    table: &Table,
-    index: u64,
-    cell: &mut Cell,
-    grad: &[f32],
-    batch: &mut impl StoreBatch,
-    scratch: &mut Vec<u8>,
-) {
-    table.apply_grad(cell, grad);
-    table.put_cell(index, cell, batch, scratch);
 }
