@@ -203,7 +203,7 @@ pub fn install_generation(
     Ok((gen_dir.join("db"), manifest))
 }
 
-/// Deletes the RocksDB directories (and dense logs) of `data_dir` that are not the live one
+/// Deletes the RocksDB directories (and push logs) of `data_dir` that are not the live one
 /// (left behind by a restore while the old database was still open). Call before opening the
 /// store.
 pub fn remove_stale_generations(data_dir: &Path) -> anyhow::Result<()> {
@@ -214,9 +214,9 @@ pub fn remove_stale_generations(data_dir: &Path) -> anyhow::Result<()> {
     for e in entries {
         let p = e?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        // The first generation is `db`, with its dense log beside it.
+        // The first generation is `db`, with its push log beside it.
         let is_gen = name.starts_with("gen-") || name == "db" || name == "db.dense-log";
-        if is_gen && !live.starts_with(&p) && p != crate::dense_log::path_for(&live) {
+        if is_gen && !live.starts_with(&p) && p != crate::push_log::path_for(&live) {
             tracing::info!(path = %p.display(), "removing a replaced database generation");
             if p.is_dir() {
                 fs::remove_dir_all(&p)?;

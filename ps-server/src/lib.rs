@@ -9,9 +9,9 @@
 pub mod bulk;
 pub mod checkpoint;
 pub mod config;
-pub mod dense_log;
 pub mod engine;
 pub mod metrics;
+pub mod push_log;
 pub use ps_core::optim;
 pub mod registration;
 pub mod service;

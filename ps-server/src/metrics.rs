@@ -44,20 +44,20 @@ pub fn describe() {
     );
     describe_histogram!(
         "ps_dense_snapshot_seconds",
-        "Time to write every dense cell into the store, freeing the dense log."
+        "Time to write every dense cell into the store, freeing the push log."
     );
     describe_counter!(
         "ps_dense_snapshot_bytes_total",
-        "Bytes of dense cells written by snapshots of the dense log."
+        "Bytes of dense cells written by snapshots of the push log."
     );
     describe_histogram!(
         "ps_dense_image_seconds",
-        "Time to write an image of every dense cell into the dense log, freeing the records \
+        "Time to write an image of every dense cell into the push log, freeing the records \
          before it."
     );
     describe_counter!(
         "ps_dense_image_bytes_total",
-        "Bytes of dense-cell images written into the dense log."
+        "Bytes of dense-cell images written into the push log."
     );
     describe_histogram!(
         "ps_rows_write_back_seconds",

@@ -156,7 +156,7 @@ impl From<EngineError> for Status {
             | EngineError::WrongIdentity { .. }
             | EngineError::ChunkNotLoaded { .. }
             | EngineError::Store(_)
-            | EngineError::DenseLog(_) => refusal(Code::Internal, reason::INTERNAL, message, []),
+            | EngineError::PushLog(_) => refusal(Code::Internal, reason::INTERNAL, message, []),
         }
     }
 }

@@ -1,7 +1,8 @@
-//! Keeping the dense log from filling: records leave room for an *image* (one record holding
+//! Keeping the push log from filling: records leave room for an *image* (one record holding
 //! every dense cell) that frees the log behind it; when the cells are too many for one, or a
 //! group is larger than the log takes, a *snapshot* writes every cell into the store with the
-//! log position it covers. A checkpoint and a clean stop snapshot too.
+//! log position it covers. A checkpoint and a clean stop snapshot too. When the rows written
+//! back hold the log's tail, the oldest are written back first (`writeback.rs`).
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -10,20 +11,20 @@ use super::keys::META_LOG_POS;
 use super::table::TableData;
 use super::writer::Queued;
 use super::{EngineError, Inner, Job, Result};
-use crate::dense_log::DenseLog;
 use crate::metrics as m;
+use crate::push_log::PushLog;
 use crate::store::{Cf, Store, StoreBatch};
 
 impl<S: Store> Inner<S> {
     /// Writes every dense cell into the store with the log position they now cover, so the
     /// log's records before it may be overwritten. Refused once a write has failed: memory may
     /// then hold updates whose push ids never reached the store.
-    pub(super) fn snapshot(&self, log: &mut DenseLog) -> Result<()> {
+    pub(super) fn snapshot(&self, log: &mut PushLog) -> Result<()> {
         self.snapshot_onto(log, self.store.batch())
     }
 
     /// A snapshot written in one batch with what `batch` already holds.
-    pub(super) fn snapshot_onto(&self, log: &mut DenseLog, mut batch: S::Batch) -> Result<()> {
+    pub(super) fn snapshot_onto(&self, log: &mut PushLog, mut batch: S::Batch) -> Result<()> {
         self.check_writable()?;
         let t0 = Instant::now();
         let mut scratch = Vec::new();
@@ -46,7 +47,7 @@ impl<S: Store> Inner<S> {
 
     /// Writes an image of every dense cell into the log and makes it the stored position
     /// replay starts from, freeing the records before it.
-    fn write_image(&self, log: &mut DenseLog, len: u64) -> Result<()> {
+    fn write_image(&self, log: &mut PushLog, len: u64) -> Result<()> {
         self.check_writable()?;
         let t0 = Instant::now();
         log.begin_image(len);
@@ -72,7 +73,7 @@ impl<S: Store> Inner<S> {
     }
 
     /// Recomputes what follows from the set of dense cells (after the load, a create or a
-    /// drop): the store's working-set hint and the length of a dense-log image.
+    /// drop): the store's working-set hint and the length of a push-log image.
     pub(super) fn dense_cells_changed(&self) {
         let (mut cells, mut floats) = (0, 0);
         for table in self.tables.read().values() {
@@ -83,7 +84,7 @@ impl<S: Store> Inner<S> {
         }
         self.store.working_set_hint(floats as u64 * 4);
         self.image_len
-            .store(DenseLog::image_len(cells, floats), Ordering::Relaxed);
+            .store(PushLog::image_len(cells, floats), Ordering::Relaxed);
     }
 
     /// Decides where a group's dense gradients and written-back sparse rows go: the log
@@ -91,7 +92,7 @@ impl<S: Store> Inner<S> {
     /// overwrite live ones), or the store (`None`). A group larger than the log takes goes to
     /// the store after a snapshot, so that the store's cells never lag the log's records
     /// behind a newer direct write (its sparse rows are written through, with their stamps).
-    pub(super) fn prepare_log(&self, log: &mut DenseLog, pushes: &[Queued]) -> Result<Option<u64>> {
+    pub(super) fn prepare_log(&self, log: &mut PushLog, pushes: &[Queued]) -> Result<Option<u64>> {
         let (mut entries, mut chunks, mut bytes) = (0, 0, 0);
         for (job, _) in pushes {
             match job {
@@ -125,7 +126,7 @@ impl<S: Store> Inner<S> {
         if entries == 0 {
             return Ok(None);
         }
-        let len = DenseLog::record_len(entries, chunks, bytes);
+        let len = PushLog::record_len(entries, chunks, bytes);
         if len > log.max_record() {
             self.snapshot(log)?;
             return Ok(None);

@@ -4,7 +4,7 @@
 
 use ps_core::{Encoding, TableName, ValidationError};
 
-use crate::dense_log::DenseLogError;
+use crate::push_log::PushLogError;
 use crate::store::StoreError;
 
 /// The engine's errors.
@@ -135,8 +135,8 @@ pub enum EngineError {
     ChunkNotLoaded { table: TableName, chunk: u64 },
     #[error("storage: {0}")]
     Store(#[from] StoreError),
-    #[error("dense log: {0}")]
-    DenseLog(#[from] DenseLogError),
+    #[error("push log: {0}")]
+    PushLog(#[from] PushLogError),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

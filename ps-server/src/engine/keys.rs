@@ -16,7 +16,7 @@ pub(super) const META_IDENTITY: &[u8] = b"s";
 pub(super) const META_DEDUP: u8 = b'd';
 /// `f<client>` → the client's floor (little-endian u64).
 pub(super) const META_FLOOR: u8 = b'f';
-/// The dense-log position the dense cells in the store cover (little-endian u64).
+/// The push-log position the dense cells in the store cover (little-endian u64).
 pub(super) const META_LOG_POS: &[u8] = b"l";
 /// The log position the sparse rows in the store cover: every update logged before it is in
 /// the store (little-endian u64; absent: the same as [`META_LOG_POS`]).

@@ -2,12 +2,13 @@
 //! exactly-once application of pushes.
 //!
 //! Every mutation (push, create, drop, checkpoint) goes through one writer thread. It takes all
-//! queued pushes at once, applies them to the hot layer, puts the updated sparse rows, their
-//! optimizer state and the pushes' (client id, seq) into one batch, appends the dense pushes'
-//! gradients to the dense log ([`crate::dense_log`]) as one record, writes the record and then
-//! the batch (WAL on), and only then answers the callers: a push is durable before it is
-//! acknowledged, and one write serves many concurrent pushes. Reads are served from the hot
-//! layer, concurrently with the writer.
+//! queued pushes at once, applies them to the hot layer, appends the gradients it applied
+//! (dense chunks, and the rows of sparse tables written back) to the push log
+//! ([`crate::push_log`]) as one record, puts the pushes' (client id, seq) (and the rows of
+//! sparse tables written through) into one batch, writes the record and then the batch (WAL
+//! on), and only then answers the callers: a push is durable before it is acknowledged, and one
+//! write serves many concurrent pushes. Reads are served from the hot layer, concurrently with
+//! the writer.
 //!
 //! A write that fails leaves memory ahead of disk, so the engine turns itself read-only
 //! (`unavailable` for every later write) until a restart reloads the durable state.
@@ -18,8 +19,10 @@
 //! - [`validate`]: a push checked and decoded before it is queued;
 //! - [`read`]: pulls, and the replicas delta pulls diff against;
 //! - [`writer`]: the writer thread, group commit, applying pushes;
-//! - [`dense`]: when the dense log takes an image or the store a snapshot;
-//! - [`recovery`]: loading the store and replaying the dense log at start-up;
+//! - [`dense`]: room in the push log: images of the dense cells, snapshots into the store;
+//! - [`writeback`]: dirty sparse rows written back into the store, oldest first;
+//! - [`pending`]: the sparse rows a restart found in the log, brought up to date on demand;
+//! - [`recovery`]: loading the store and replaying the push log at start-up;
 //! - [`admin`]: create, drop, checkpoint, statistics;
 //! - [`admission`], [`eviction`]: a sparse row's life: stored from its N-th push, deleted when
 //!   idle past its table's TTL or past its row cap;
@@ -68,7 +71,7 @@ pub use routing::MapEpoch;
 pub use shard::{Checkpointed, Reopen, Restored, Shard};
 pub use table::Table;
 
-use crate::dense_log::{DenseLog, DenseLogOptions};
+use crate::push_log::{PushLog, PushLogOptions};
 use crate::store::{Store, StoreError};
 use dedup::Dedup;
 use read::Replica;
@@ -90,7 +93,7 @@ pub struct EngineConfig {
     /// Size of the dense-gradient log beside a durable store's database; 0 writes dense
     /// updates into the store instead.
     pub dense_log_bytes: u64,
-    /// fdatasync the dense log after every record (with the store's own sync).
+    /// fdatasync the push log after every record (with the store's own sync).
     pub sync: bool,
     /// The shard-map epoch learnt from the scheduler (0: no scheduler). Shared with the
     /// registration task, and kept across a restore.
@@ -183,8 +186,8 @@ struct Inner<S: Store> {
     replicas: DashMap<(u64, u32, u64), Replica, foldhash::fast::RandomState>,
     replica_bytes: AtomicU64,
     /// The dense-gradient log (durable stores only); used by the writer alone.
-    log: Mutex<Option<DenseLog>>,
-    /// Bytes of a dense-log image of every dense cell ([`DenseLog::image_len`]).
+    log: Mutex<Option<PushLog>>,
+    /// Bytes of a push-log image of every dense cell ([`PushLog::image_len`]).
     image_len: AtomicU64,
     /// Bytes the loaded tables' cells take ([`Table::memory_bytes`] summed), within
     /// `cfg.memory_budget`.
@@ -255,8 +258,8 @@ impl<S: Store> Engine<S> {
     pub fn open(store: S, cfg: EngineConfig) -> Result<Self> {
         let partitioner = Partitioner::new(cfg.num_shards, cfg.virtual_nodes);
         let log = match store.location() {
-            Some(db) if cfg.dense_log_bytes > 0 => Some(DenseLog::open(&DenseLogOptions {
-                path: crate::dense_log::path_for(db),
+            Some(db) if cfg.dense_log_bytes > 0 => Some(PushLog::open(&PushLogOptions {
+                path: crate::push_log::path_for(db),
                 capacity: cfg.dense_log_bytes,
                 sync: cfg.sync,
             })?),

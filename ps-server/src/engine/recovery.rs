@@ -1,6 +1,7 @@
 //! Start-up: the shard's identity, its tables and their cells, the applied push ids, and then
-//! the dense-log records the stored cells do not cover, replayed through the same optimizer
-//! code in the same order as the pushes that wrote them.
+//! the push-log records the store does not cover: dense ones replayed through the same
+//! optimizer code in the same order as the pushes that wrote them, sparse ones indexed as
+//! pending rows (`pending.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,12 +14,12 @@ use super::keys::{
 };
 use super::table::{Table, TableData, footprint};
 use super::{EngineError, Inner, Result, Unloaded};
-use crate::dense_log::Logged;
+use crate::push_log::Logged;
 use crate::store::{Cf, Store, StoreBatch, StoreError};
 
 impl<S: Store> Inner<S> {
     /// Loads the identity, tables, cells and applied push ids from the store, then replays the
-    /// dense log.
+    /// push log.
     pub(super) fn load(&self) -> Result<()> {
         self.check_identity()?;
         self.store.scan(Cf::Meta, META_NEXT_ID, &mut |_, v| {
@@ -220,7 +221,7 @@ impl<S: Store> Inner<S> {
         Ok(n)
     }
 
-    /// Applies the dense-log records the stored cells do not cover, in order, through the
+    /// Applies the push-log records the stored cells do not cover, in order, through the
     /// same optimizer code as the pushes that wrote them; their push ids join the dedup set
     /// (and the store, for those whose group commit died between the log and the store).
     /// Returns the number of records replayed.
@@ -295,7 +296,7 @@ impl<S: Store> Inner<S> {
                         let mut cell = cell
                             .ok_or_else(|| {
                                 StoreError::Corrupt(format!(
-                                    "the dense log's image names chunk {} of `{}`, which this \
+                                    "the push log's image names chunk {} of `{}`, which this \
                                      shard does not hold",
                                     c.index, table.spec.name
                                 ))
@@ -344,7 +345,7 @@ impl<S: Store> Inner<S> {
                         let (index, data) = (c.index, c.data);
                         let cell = chunks.get(&index).ok_or_else(|| {
                             StoreError::Corrupt(format!(
-                                "the dense log names chunk {index} of `{}`, not this shard's",
+                                "the push log names chunk {index} of `{}`, not this shard's",
                                 table.spec.name
                             ))
                         })?;
@@ -379,7 +380,7 @@ impl<S: Store> Inner<S> {
             }
             tracing::warn!(
                 cells = folded.len(),
-                "dense-log records of unloaded tables folded into the store"
+                "push-log records of unloaded tables folded into the store"
             );
             return self.snapshot_onto(log, batch).map(|()| records);
         }
@@ -402,7 +403,7 @@ impl<S: Store> Inner<S> {
             .and_then(|s| s.chunk_len(index))
             .ok_or_else(|| {
                 StoreError::Corrupt(format!(
-                    "the dense log names chunk {index} of `{}`, which it does not have",
+                    "the push log names chunk {index} of `{}`, which it does not have",
                     table.spec.name
                 ))
             })?;

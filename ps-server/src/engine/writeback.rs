@@ -25,7 +25,7 @@ use super::keys::META_ROWS_LOG_POS;
 use super::rows::Row;
 use super::table::{Table, TableData};
 use super::{EngineError, Inner, Result};
-use crate::dense_log::DenseLog;
+use crate::push_log::PushLog;
 use crate::store::{Cf, Store, StoreBatch};
 
 /// Most rows one step of [`Inner::write_back`] writes in a batch.
@@ -77,7 +77,7 @@ impl<S: Store> Inner<S> {
     /// Writes back the oldest dirty rows until the rows' tail is at or past `target` (the
     /// oldest dirty row left became dirty at or after it, or none is left), in batches of at
     /// most [`MAX_ROWS_PER_STEP`] rows, each with the rows' new tail; then tells the log.
-    pub(super) fn write_back(&self, log: &mut DenseLog, target: u64) -> Result<()> {
+    pub(super) fn write_back(&self, log: &mut PushLog, target: u64) -> Result<()> {
         while !self.write_back_step(log, target, MAX_ROWS_PER_STEP)? {}
         Ok(())
     }
@@ -86,7 +86,7 @@ impl<S: Store> Inner<S> {
     /// time, so that a restart has at most that much to index and a full log seldom makes a
     /// group wait for a large write-back; drains a restart's pending rows; and moves the rows'
     /// tail past the rows written back by evictions.
-    pub(super) fn trickle_write_back(&self, log: &mut DenseLog) -> Result<()> {
+    pub(super) fn trickle_write_back(&self, log: &mut PushLog) -> Result<()> {
         let limit = log.capacity() / 2;
         if log.head() - log.rows_tail() > limit {
             self.write_back_step(log, log.head() - limit / 4 * 3, MAX_ROWS_PER_STEP)?;
@@ -107,7 +107,7 @@ impl<S: Store> Inner<S> {
     /// true when none is left before it.
     pub(super) fn write_back_step(
         &self,
-        log: &mut DenseLog,
+        log: &mut PushLog,
         target: u64,
         max_rows: usize,
     ) -> Result<bool> {
@@ -245,7 +245,7 @@ impl<S: Store> Inner<S> {
     }
 
     /// Writes back every dirty row; the stored rows then cover the whole log.
-    pub(super) fn write_back_all(&self, log: &mut DenseLog) -> Result<()> {
+    pub(super) fn write_back_all(&self, log: &mut PushLog) -> Result<()> {
         self.write_back(log, u64::MAX)
     }
 

@@ -1,7 +1,8 @@
 //! The writer thread: every mutation goes through it. It takes every queued push at once (up
-//! to `group_commit_bytes`), applies them to the hot layer, writes the group's dense gradients
-//! to the dense log and its sparse rows, optimizer state and push ids to one store batch, and
-//! answers the callers only after both writes: one durable write serves many pushes.
+//! to `group_commit_bytes`), applies them to the hot layer, writes the gradients it applied
+//! (dense chunks, rows written back) to the push log and its push ids (and rows written
+//! through) to one store batch, and answers the callers only after both writes: one durable
+//! write serves many pushes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -17,8 +18,8 @@ use super::keys::rows_key;
 use super::rows::Row;
 use super::table::{Table, TableData, ThreadCpu};
 use super::{Cmd, EngineError, Inner, Job, PushOutcome, Result};
-use crate::dense_log::DenseLog;
 use crate::metrics as m;
+use crate::push_log::PushLog;
 use crate::store::{Cf, Store, StoreBatch};
 
 /// A queued push and where its answer goes.
@@ -150,7 +151,7 @@ impl<S: Store> Inner<S> {
         let mut size = batch.size_bytes();
         // The log record first: the push ids in the batch claim what it holds.
         let logged = match log {
-            Some(log) if log.pending() > DenseLog::record_len(0, 0, 0) => {
+            Some(log) if log.pending() > PushLog::record_len(0, 0, 0) => {
                 log.commit().map_err(|e| self.fail(e.to_string()))
             }
             _ => Ok(0),
@@ -226,7 +227,7 @@ impl<S: Store> Inner<S> {
         job: &Job,
         dedup: &mut Dedup,
         batch: &mut S::Batch,
-        log: Option<&mut DenseLog>,
+        log: Option<&mut PushLog>,
         scratch: &mut Scratch,
     ) -> Result<PushOutcome> {
         let (table, push_id) = match job {
@@ -272,7 +273,7 @@ impl<S: Store> Inner<S> {
         table: &Table,
         push: &PushDense,
         batch: &mut S::Batch,
-        mut log: Option<&mut DenseLog>,
+        mut log: Option<&mut PushLog>,
     ) -> PushOutcome {
         let mut out = PushOutcome::default();
         let (TableKind::Dense(shape), TableData::Dense(chunks)) = (&table.spec.kind, &table.data)
@@ -336,7 +337,7 @@ impl<S: Store> Inner<S> {
         table: &Arc<Table>,
         push: &PushSparse,
         batch: &mut S::Batch,
-        mut log: Option<&mut DenseLog>,
+        mut log: Option<&mut PushLog>,
         scratch: &mut Scratch,
     ) -> Result<PushOutcome> {
         let mut out = PushOutcome::default();

@@ -1,28 +1,34 @@
-//! The dense-gradient log: where a durable shard writes the gradients of dense pushes, instead
-//! of writing every updated chunk into RocksDB.
+//! The push log: where a durable shard writes the gradients its pushes applied (dense chunks,
+//! and the rows of sparse tables it writes back), instead of writing every updated cell into
+//! RocksDB.
 //!
-//! A dense push rewrites whole chunks, so through RocksDB each pushed byte was copied into the
-//! write batch, the WAL and the memtable, then flushed to a fresh SST file and compacted. The
-//! log is one preallocated file used as a ring: each group commit appends one record (the
-//! gradients it applied, with the push ids), written in place over pages the kernel already
-//! holds. Every so often the engine snapshots the dense cells into RocksDB, with the log
-//! position the snapshot covers (`S`) in the same batch; the log never overwrites a record at
-//! or after `S`, so at open the cells from RocksDB plus the records from `S` on, replayed
-//! through the same optimizer in the same order, give back exactly the state that was
-//! acknowledged.
+//! Through RocksDB each updated cell was copied into the write batch, the WAL and the
+//! memtable, then flushed to a fresh SST file and compacted. The log is one preallocated file
+//! used as a ring: each group commit appends one record (the gradients it applied, with the
+//! push ids), written in place over pages the kernel already holds. Two stored positions say
+//! what the store covers: the dense cells' (`S`, from a snapshot of them into RocksDB or an
+//! image in the log) and the sparse rows' (every logged row update before it is in the store,
+//! `engine/writeback.rs`). The log never overwrites a record at or after the older of the two
+//! (its *tail*), so at open the store plus the records from there on, replayed through the
+//! same optimizer in the same order, give back exactly the state that was acknowledged.
 //!
 //! A record: magic, CRC-32 of everything after it, its logical position, its length, and its
-//! entries (one per push: table id, push id, then each chunk's index, length and f32
-//! gradient). A record that does not fit before the end of the file goes to the start of the
-//! next lap. Replay stops at the first record whose magic, position or CRC is wrong: a torn
-//! tail, or a previous lap's data.
+//! entries (one per push: table id, push id, then each chunk's index or row's id, length and
+//! f32 gradient; a sparse row's length carries a flag when the push stored the row). A record
+//! is placed when it begins, from the most it can hold (its rows are stamped with that
+//! position); one that would not fit before the end of the file goes to the start of the next
+//! lap. Replay stops at the first record whose magic, position or CRC is wrong: a torn tail, or
+//! a previous lap's data.
 //!
 //! The log also takes *images*: one record holding every dense cell (parameters, optimizer
 //! state and step count), written when the log runs out of room and the image fits in it. The
-//! stored position then names the image, which frees the log behind it for a fraction of the
+//! dense position then names the image, which frees the log behind it for a fraction of the
 //! cost of writing the cells through RocksDB (WAL, memtable, flush and compaction). Replay sets
 //! the cells from an image wherever it meets one. Checkpoints and a clean stop still write the
-//! cells into RocksDB, so that a checkpoint needs nothing but the store.
+//! cells and the dirty rows into RocksDB, so that a checkpoint needs nothing but the store.
+//!
+//! The file keeps the name it had when it held dense gradients only (`<db>.dense-log`, sized
+//! by `dense_log_mib`), so that data directories written before read the same.
 
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::FileExt;
@@ -30,9 +36,9 @@ use std::path::{Path, PathBuf};
 
 use ps_core::PushId;
 
-/// The dense log's errors.
+/// The push log's errors.
 #[derive(Debug, thiserror::Error)]
-pub enum DenseLogError {
+pub enum PushLogError {
     #[error(transparent)]
     Io(#[from] std::io::Error),
     /// A record whose checksum is good does not parse: the log is damaged, not torn.
@@ -59,7 +65,7 @@ const NEW_ROW: u32 = 1 << 31;
 
 /// Where the log lives and how big it is.
 #[derive(Debug, Clone)]
-pub struct DenseLogOptions {
+pub struct PushLogOptions {
     pub path: PathBuf,
     pub capacity: u64,
     /// fdatasync after every record (the store's `sync` option).
@@ -68,7 +74,7 @@ pub struct DenseLogOptions {
 
 /// The log, owned by the engine's writer.
 #[derive(Debug)]
-pub struct DenseLog {
+pub struct PushLog {
     file: File,
     path: PathBuf,
     capacity: u64,
@@ -140,9 +146,9 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default())
 }
 
-impl DenseLog {
-    /// Opens (or creates) the log file; nothing is read until [`DenseLog::replay`].
-    pub fn open(opts: &DenseLogOptions) -> Result<Self, DenseLogError> {
+impl PushLog {
+    /// Opens (or creates) the log file; nothing is read until [`PushLog::replay`].
+    pub fn open(opts: &PushLogOptions) -> Result<Self, PushLogError> {
         let file = OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -154,7 +160,7 @@ impl DenseLog {
                 std::io::Error::new(
                     e.kind(),
                     format!(
-                        "reserving {} MiB for the dense log {} ({e}); free disk space or lower \
+                        "reserving {} MiB for the push log {} ({e}); free disk space or lower \
                          dense_log_mib",
                         opts.capacity >> 20,
                         opts.path.display()
@@ -179,7 +185,7 @@ impl DenseLog {
     }
 
     /// Empties the log (for a new database, which must not read a stranger's records).
-    pub fn reset(&mut self) -> Result<(), DenseLogError> {
+    pub fn reset(&mut self) -> Result<(), PushLogError> {
         self.file.set_len(0)?;
         reserve(&self.file, self.capacity)?;
         self.head = 0;
@@ -188,7 +194,7 @@ impl DenseLog {
         Ok(())
     }
 
-    /// The largest record the log takes; a group with more dense bytes goes to RocksDB whole.
+    /// The largest record the log takes; a group with more goes to RocksDB whole.
     pub fn max_record(&self) -> u64 {
         self.capacity / 2
     }
@@ -221,8 +227,8 @@ impl DenseLog {
 
     /// Whether a record of `len` bytes can be written without overwriting a live one; when it
     /// cannot, the caller frees the log first: a snapshot or an image of the dense cells
-    /// ([`DenseLog::set_dense_tail`]), the oldest dirty rows written back
-    /// ([`DenseLog::set_rows_tail`]).
+    /// ([`PushLog::set_dense_tail`]), the oldest dirty rows written back
+    /// ([`PushLog::set_rows_tail`]).
     pub fn fits(&self, len: u64) -> bool {
         self.place(len) + len - self.tail() <= self.capacity
     }
@@ -263,8 +269,8 @@ impl DenseLog {
         self.rows_tail = pos;
     }
 
-    /// Starts a record of at most `len` bytes ([`DenseLog::record_len`]); its position is fixed
-    /// now ([`DenseLog::position`]), so the record may turn out shorter, never longer.
+    /// Starts a record of at most `len` bytes ([`PushLog::record_len`]); its position is fixed
+    /// now ([`PushLog::position`]), so the record may turn out shorter, never longer.
     pub fn begin(&mut self, len: u64) {
         self.at = self.place(len);
         self.buf.clear();
@@ -275,7 +281,7 @@ impl DenseLog {
         self.image = false;
     }
 
-    /// Starts an image of about `len` bytes ([`DenseLog::image_len`]).
+    /// Starts an image of about `len` bytes ([`PushLog::image_len`]).
     pub fn begin_image(&mut self, len: u64) {
         self.begin(len);
         self.image = true;
@@ -333,7 +339,7 @@ impl DenseLog {
         }
     }
 
-    /// [`DenseLog::row`] with the gradient as f32s.
+    /// [`PushLog::row`] with the gradient as f32s.
     pub fn row_f32(&mut self, id: u64, grad: &[f32], new: bool) {
         if cfg!(target_endian = "little") {
             self.row(id, bytemuck::cast_slice(grad), new);
@@ -343,7 +349,7 @@ impl DenseLog {
         }
     }
 
-    /// The oldest tail with which a record of `len` bytes would fit ([`DenseLog::fits`]).
+    /// The oldest tail with which a record of `len` bytes would fit ([`PushLog::fits`]).
     pub fn tail_needed(&self, len: u64) -> u64 {
         (self.place(len) + len).saturating_sub(self.capacity)
     }
@@ -355,7 +361,7 @@ impl DenseLog {
 
     /// A second handle on the log's file, to read logged gradients from (their
     /// [`LoggedChunk::offset`]) while the writer appends.
-    pub fn reader(&self) -> Result<File, DenseLogError> {
+    pub fn reader(&self) -> Result<File, PushLogError> {
         Ok(self.file.try_clone()?)
     }
 
@@ -370,15 +376,15 @@ impl DenseLog {
         self.at
     }
 
-    /// Writes the current record at the position [`DenseLog::begin`] fixed (the caller checked
-    /// [`DenseLog::fits`] for the length it began with); returns its length (it ends at
-    /// [`DenseLog::head`]).
-    pub fn commit(&mut self) -> Result<u64, DenseLogError> {
+    /// Writes the current record at the position [`PushLog::begin`] fixed (the caller checked
+    /// [`PushLog::fits`] for the length it began with); returns its length (it ends at
+    /// [`PushLog::head`]).
+    pub fn commit(&mut self) -> Result<u64, PushLogError> {
         let entries = self.entries;
         let len = self.buf.len() as u64;
         let pos = self.at;
         if pos % self.capacity + len > self.capacity || pos + len - self.tail() > self.capacity {
-            return Err(DenseLogError::Corrupt {
+            return Err(PushLogError::Corrupt {
                 path: self.path.display().to_string(),
                 position: pos,
                 reason: format!(
@@ -404,7 +410,7 @@ impl DenseLog {
     /// Reads the live records from `from` (the oldest stored position) on, in order, each
     /// with its position, and leaves the head after the last good one. A record that fails
     /// its checks ends the log.
-    pub fn replay<E: From<DenseLogError>>(
+    pub fn replay<E: From<PushLogError>>(
         &mut self,
         from: u64,
         visit: &mut dyn FnMut(u64, Logged<'_>) -> Result<(), E>,
@@ -432,7 +438,7 @@ impl DenseLog {
             body.resize(len as usize, 0);
             self.file
                 .read_exact_at(&mut body, pos % self.capacity)
-                .map_err(DenseLogError::Io)?;
+                .map_err(PushLogError::Io)?;
             if crc32fast::hash(&body[8..]) != u32_at(&body, 4) {
                 break; // a torn record: the process died while writing it
             }
@@ -442,7 +448,7 @@ impl DenseLog {
                 parse(&body, pos % self.capacity).map(Logged::Pushes)
             };
             let Some(logged) = logged else {
-                return Err(DenseLogError::Corrupt {
+                return Err(PushLogError::Corrupt {
                     path: self.path.display().to_string(),
                     position: pos,
                     reason: "a record with a good checksum does not parse".into(),
@@ -462,7 +468,7 @@ impl DenseLog {
         &self,
         pos: u64,
         header: &mut [u8; HEADER],
-    ) -> Result<Option<(u64, bool)>, DenseLogError> {
+    ) -> Result<Option<(u64, bool)>, PushLogError> {
         let off = pos % self.capacity;
         if off + HEADER as u64 > self.capacity {
             return Ok(None);
@@ -574,8 +580,8 @@ mod tests {
         }
     }
 
-    fn open(dir: &Path, capacity: u64) -> DenseLog {
-        DenseLog::open(&DenseLogOptions {
+    fn open(dir: &Path, capacity: u64) -> PushLog {
+        PushLog::open(&PushLogOptions {
             path: dir.join("log"),
             capacity,
             sync: false,
@@ -583,8 +589,8 @@ mod tests {
         .unwrap()
     }
 
-    fn write(log: &mut DenseLog, seq: u64, values: usize) -> u64 {
-        log.begin(DenseLog::record_len(1, 1, values * 4));
+    fn write(log: &mut PushLog, seq: u64, values: usize) -> u64 {
+        log.begin(PushLog::record_len(1, 1, values * 4));
         log.push(3, &id(seq));
         let grad = vec![seq as f32; values];
         let held = log.chunk(seq, bytemuck::cast_slice(&grad));
@@ -600,9 +606,9 @@ mod tests {
         at
     }
 
-    fn seqs(log: &mut DenseLog, from: u64) -> Vec<u64> {
+    fn seqs(log: &mut PushLog, from: u64) -> Vec<u64> {
         let mut out = Vec::new();
-        log.replay(from, &mut |_, logged| -> Result<(), DenseLogError> {
+        log.replay(from, &mut |_, logged| -> Result<(), PushLogError> {
             let Logged::Pushes(pushes) = logged else {
                 out.push(0);
                 return Ok(());
@@ -672,18 +678,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut log = open(dir.path(), 1 << 16);
         write(&mut log, 1, 10);
-        log.begin_image(DenseLog::image_len(2, 7));
+        log.begin_image(PushLog::image_len(2, 7));
         log.image_cell(3, 0, 4, &[1.0, 2.0, 3.0]);
         log.image_cell(5, 9, 0, &[-1.0; 4]);
         let len = log.commit().unwrap();
-        assert_eq!(len, DenseLog::image_len(2, 7));
+        assert_eq!(len, PushLog::image_len(2, 7));
         let image_at = log.head() - len;
         write(&mut log, 2, 10);
 
         let mut cells = Vec::new();
         let mut reopened = open(dir.path(), 1 << 16);
         reopened
-            .replay(image_at, &mut |_, logged| -> Result<(), DenseLogError> {
+            .replay(image_at, &mut |_, logged| -> Result<(), PushLogError> {
                 match logged {
                     Logged::Image(image) => {
                         for c in image {
@@ -722,18 +728,18 @@ mod tests {
         // Begun with room for 60 rows of 4 values (1,736 bytes, more than the 1,228 left in
         // the lap): placed at the next lap, its rows stamped with that position, although it
         // ends up shorter.
-        log.begin(DenseLog::record_len(1, 60, 60 * 16));
+        log.begin(PushLog::record_len(1, 60, 60 * 16));
         assert_eq!(log.position(), 4096);
         log.push(8, &id(2));
         log.row_f32(11, &[1.0, 2.0, 3.0, 4.0], true);
         log.row_f32(12, &[-1.0; 4], false);
         log.commit().unwrap();
-        assert_eq!(log.head(), 4096 + DenseLog::record_len(1, 2, 32));
+        assert_eq!(log.head(), 4096 + PushLog::record_len(1, 2, 32));
         let mut rows = Vec::new();
         let mut reopened = open(dir.path(), 4096);
         let file = reopened.reader().unwrap();
         reopened
-            .replay(2868, &mut |pos, logged| -> Result<(), DenseLogError> {
+            .replay(2868, &mut |pos, logged| -> Result<(), PushLogError> {
                 let Logged::Pushes(pushes) = logged else {
                     panic!("an image");
                 };
@@ -761,7 +767,7 @@ mod tests {
         let other = tempfile::tempdir().unwrap();
         let mut log = open(other.path(), 4096);
         write(&mut log, 1, 700);
-        log.begin(DenseLog::record_len(1, 1, 16));
+        log.begin(PushLog::record_len(1, 1, 16));
         assert_eq!(log.position(), 2868);
         log.push(8, &id(2));
         for row in 0..80 {
