@@ -72,20 +72,27 @@ impl Pending {
         let _ = self.file.set(file);
     }
 
-    /// Start-up: row `id` of table `table` was updated by the record at `pos`, its gradient at
-    /// `offset` in the log file; `new`: that push stored the row.
-    pub(super) fn add(&self, table: u32, id: u64, pos: u64, offset: u64, new: bool) {
+    /// Start-up: the rows of table `table` a push in the record at `pos` updated, each with
+    /// its gradient's offset in the log file and whether the push stored the row.
+    pub(super) fn add(&self, table: u32, pos: u64, rows: impl Iterator<Item = (u64, u64, bool)>) {
         let mut state = self.state.lock();
-        let State { rows, order } = &mut *state;
-        let row = rows.entry((table, id)).or_insert_with(|| {
-            order.push_back((pos, table, id));
-            self.rows.fetch_add(1, Ordering::Release);
-            PendingRow {
-                new,
-                updates: Vec::new(),
-            }
-        });
-        row.updates.push((pos, offset));
+        let State {
+            rows: pending,
+            order,
+        } = &mut *state;
+        let mut added = 0;
+        for (id, offset, new) in rows {
+            let row = pending.entry((table, id)).or_insert_with(|| {
+                order.push_back((pos, table, id));
+                added += 1;
+                PendingRow {
+                    new,
+                    updates: Vec::new(),
+                }
+            });
+            row.updates.push((pos, offset));
+        }
+        self.rows.fetch_add(added, Ordering::Release);
     }
 
     /// The pending updates of each of `ids` that has some. They stay pending until the writer,

@@ -325,9 +325,8 @@ impl<S: Store> Inner<S> {
                 if let Some(table) = by_id.get(&p.table_id) {
                     let TableData::Dense(chunks) = &table.data else {
                         if pos >= rows_from {
-                            for c in &p.chunks {
-                                self.pending.add(table.id, c.index, pos, c.offset, c.new);
-                            }
+                            let rows = p.chunks.iter().map(|c| (c.index, c.offset, c.new));
+                            self.pending.add(table.id, pos, rows);
                             let stored = p.chunks.iter().filter(|c| c.new).count() as u64;
                             if unlanded && stored > 0 {
                                 *new_rows.entry(table.id).or_default() += stored;
