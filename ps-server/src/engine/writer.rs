@@ -380,20 +380,6 @@ impl<S: Store> Inner<S> {
                 }
             }
         }
-        // The rows not in memory are read from the store in one batch before any is updated
-        // (only this thread evicts, so the others stay in memory until the group is written).
-        missing.clear();
-        missing.extend(order.iter().copied().filter(|&id| !rows.contains(id)));
-        self.cache
-            .counted((order.len() - missing.len()) as u64, missing.len() as u64);
-        // Rows a restart left pending are brought up to date (and written back) first.
-        let recovered = self.recover(table, missing)?;
-        if !recovered.is_empty() {
-            let ids: std::collections::HashSet<u64> = recovered.iter().map(|r| r.0).collect();
-            missing.retain(|id| !ids.contains(id));
-        }
-        let mut fetched = self.fetch_rows(table, missing)?;
-        fetched.extend(recovered);
         // When the rows are pushed, for a table that evicts them by age or count.
         let stamp = table
             .eviction
@@ -404,46 +390,81 @@ impl<S: Store> Inner<S> {
         if let Some(log) = log.as_deref_mut() {
             log.push(table.id, &push.push_id);
         }
-        for (&id, g) in order.iter().zip(combined.chunks_exact(dim)) {
-            if table.spec.non_finite == NonFinitePolicy::Skip && g.iter().any(|v| !v.is_finite()) {
+        let skip = table.spec.non_finite == NonFinitePolicy::Skip;
+        let mut update = |row: &mut Row, id: u64, g: &[f32], new: bool, out: &mut PushOutcome| {
+            table.apply_grad(&mut row.cell, g);
+            match log.as_deref_mut() {
+                Some(log) => {
+                    log.row_f32(id, g, new);
+                    self.logged_update(table, id, row, log.position());
+                }
+                None => {
+                    let stamp = row.stamp.load(Ordering::Relaxed);
+                    table.put_row(id, &row.cell, stamp, batch, scratch);
+                    self.written_back(row);
+                }
+            }
+            if let (Some(eviction), Some(stamp)) = (&table.eviction, stamp) {
+                eviction.touch(table.id, id, row, stamp, batch);
+            }
+            out.applied_values += dim as u64;
+        };
+        // The rows in memory first, each found once (only this thread evicts, so they stay in
+        // memory until the group is written).
+        missing.clear();
+        let mut misses = Vec::new();
+        for (k, (&id, g)) in order.iter().zip(combined.chunks_exact(dim)).enumerate() {
+            if skip && g.iter().any(|v| !v.is_finite()) {
                 out.skipped_non_finite += 1;
                 continue;
             }
-            let mut stripe = rows.stripe(id).write();
-            let mut new = false;
-            if !stripe.contains_key(&id) {
-                let row = match fetched.remove(&id) {
-                    Some(row) => row,
-                    None => {
-                        // A new id: stored only once admission lets it in.
-                        if table.admission.as_ref().is_some_and(|a| !a.admit(id)) {
-                            held_back += 1;
-                            continue;
-                        }
-                        new_rows += 1;
-                        new = true;
-                        Row::new(Cell::fresh(&table.spec, table.hash, id, dim), 0, 0)
-                    }
-                };
-                rows.insert_absent(&mut stripe, id, row);
+            match rows.stripe(id).write().get_mut(&id) {
+                Some(row) => update(row, id, g, false, &mut out),
+                None => {
+                    missing.push(id);
+                    misses.push(k);
+                }
             }
-            if let Some(row) = stripe.get_mut(&id) {
-                table.apply_grad(&mut row.cell, g);
-                match log.as_deref_mut() {
-                    Some(log) => {
-                        log.row_f32(id, g, new);
-                        self.logged_update(table, id, row, log.position());
-                    }
-                    None => {
-                        let stamp = row.stamp.load(Ordering::Relaxed);
-                        table.put_row(id, &row.cell, stamp, batch, scratch);
-                        self.written_back(row);
-                    }
+        }
+        self.cache
+            .counted((order.len() - missing.len()) as u64, missing.len() as u64);
+        if !missing.is_empty() {
+            // The rest read from the store in one batch (a restart's pending rows brought up
+            // to date and written back first). The rows in memory are updated already: a
+            // failed read leaves memory ahead of the store, so the engine turns read-only.
+            let fetched = self.recover(table, missing).and_then(|recovered| {
+                let ids: std::collections::HashSet<u64> = recovered.iter().map(|r| r.0).collect();
+                missing.retain(|id| !ids.contains(id));
+                let mut fetched = self.fetch_rows(table, missing)?;
+                fetched.extend(recovered);
+                Ok(fetched)
+            });
+            let mut fetched = fetched.map_err(|e| EngineError::ReadOnly {
+                cause: self.fail(e.to_string()),
+            })?;
+            for k in misses {
+                let (id, g) = (order[k], &combined[k * dim..(k + 1) * dim]);
+                let mut stripe = rows.stripe(id).write();
+                let mut new = false;
+                if !stripe.contains_key(&id) {
+                    let row = match fetched.remove(&id) {
+                        Some(row) => row,
+                        None => {
+                            // A new id: stored only once admission lets it in.
+                            if table.admission.as_ref().is_some_and(|a| !a.admit(id)) {
+                                held_back += 1;
+                                continue;
+                            }
+                            new_rows += 1;
+                            new = true;
+                            Row::new(Cell::fresh(&table.spec, table.hash, id, dim), 0, 0)
+                        }
+                    };
+                    rows.insert_absent(&mut stripe, id, row);
                 }
-                if let (Some(eviction), Some(stamp)) = (&table.eviction, stamp) {
-                    eviction.touch(table.id, id, row, stamp, batch);
+                if let Some(row) = stripe.get_mut(&id) {
+                    update(row, id, g, new, &mut out);
                 }
-                out.applied_values += dim as u64;
             }
         }
         if held_back + new_rows > 0 {
