@@ -43,6 +43,18 @@ async fn spawn(data_dir: &Path, listen: &str, extra: &[&str]) -> Server {
     }
 }
 
+/// Metric `name` once it reads `want`, or what it reads after two seconds.
+async fn settled(server: &Server, name: &str, want: f64) -> f64 {
+    let t0 = Instant::now();
+    loop {
+        let v = metric(server, name).await;
+        if v == want || t0.elapsed() > Duration::from_secs(2) {
+            return v;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// The value of metric `name` (a series without labels) on `server`'s `/metrics`.
 async fn metric(server: &Server, name: &str) -> f64 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -837,6 +849,21 @@ async fn sparse_rows_written_back_through_a_small_log_train_exactly_through_kill
     assert_eq!(metric(&server, "ps_sparse_rows_pending").await, 0.0);
     let ps = connect(&server.addr).await;
     assert_eq!(ps.pull_sparse("emb", &all).await.unwrap(), got);
+    // A table dropped with dirty rows takes them with it (none is written back later).
+    ps.create_table(TableSpec::sparse("tmp", DIM as u32).unwrap())
+        .await
+        .unwrap();
+    ps.push_sparse("tmp", &all[..1000], &vec![0.5; 1000 * DIM])
+        .await
+        .unwrap();
+    // (The gauge is set after the group's answers are sent.)
+    assert_eq!(
+        settled(&server, "ps_sparse_rows_dirty", 1000.0).await,
+        1000.0
+    );
+    ps.drop_table("tmp").await.unwrap();
+    ps.push_sparse("emb", &[7], &[0.5; DIM]).await.unwrap();
+    assert_eq!(settled(&server, "ps_sparse_rows_dirty", 1.0).await, 1.0);
     server.svc.kill();
 }
 

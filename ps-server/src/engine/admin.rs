@@ -199,6 +199,7 @@ impl<S: Store> Inner<S> {
         };
         table.dropped.store(true, Ordering::Release);
         self.tables.write().remove(name);
+        self.forget_dirty(table.id);
         // Rows a queued push adds after this are never counted: the table is gone. A durable
         // shard's cached rows were never counted in `memory_used` (the cache has its own
         // budget), and leave the cache with the table.

@@ -197,14 +197,7 @@ impl<S: Store> Inner<S> {
     /// directory written before rows were counted, its rows counted once and recorded.
     fn stored_rows(&self, table: &Table) -> Result<u64> {
         let key = rows_key(table.id);
-        let mut count = None;
-        self.store.scan(Cf::Meta, &key, &mut |k, v| {
-            if k == key {
-                count = Some(le_u64(v)?);
-            }
-            Ok(())
-        })?;
-        if let Some(n) = count {
+        if let Some(n) = self.meta_u64(&key)? {
             return Ok(n);
         }
         let mut n = 0u64;
@@ -230,21 +223,8 @@ impl<S: Store> Inner<S> {
         let Some(log) = guard.as_mut() else {
             return Ok(0);
         };
-        let mut from = None;
-        self.store.scan(Cf::Meta, META_LOG_POS, &mut |k, v| {
-            if k == META_LOG_POS {
-                from = Some(le_u64(v)?);
-            }
-            Ok(())
-        })?;
-        let mut rows_from = None;
-        self.store.scan(Cf::Meta, META_ROWS_LOG_POS, &mut |k, v| {
-            if k == META_ROWS_LOG_POS {
-                rows_from = Some(le_u64(v)?);
-            }
-            Ok(())
-        })?;
-        let Some(dense_from) = from else {
+        let rows_from = self.meta_u64(META_ROWS_LOG_POS)?;
+        let Some(dense_from) = self.meta_u64(META_LOG_POS)? else {
             // A new database: whatever a log file beside it holds is not its own.
             log.reset()?;
             let mut batch = self.store.batch();
@@ -387,6 +367,18 @@ impl<S: Store> Inner<S> {
             self.store.write(batch)?;
         }
         Ok(records)
+    }
+
+    /// The little-endian u64 stored under meta key `key`, if any.
+    fn meta_u64(&self, key: &[u8]) -> Result<Option<u64>> {
+        let mut found = None;
+        self.store.scan(Cf::Meta, key, &mut |k, v| {
+            if k == key {
+                found = Some(le_u64(v)?);
+            }
+            Ok(())
+        })?;
+        Ok(found)
     }
 
     /// The stored cell `index` of an unloaded dense table, read once into `folded`.

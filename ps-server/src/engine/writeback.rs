@@ -247,6 +247,27 @@ impl<S: Store> Inner<S> {
         Ok(recovered)
     }
 
+    /// Forgets the dirty rows of table `table_id`, dropped (its rows left the store with it;
+    /// written back, they would come back as garbage, and queued, they would keep the
+    /// dropped table in memory).
+    pub(super) fn forget_dirty(&self, table_id: u32) {
+        let mut wb = self.writeback.lock();
+        let mut forgotten = 0;
+        wb.queue.retain(|d| {
+            if d.table.id != table_id {
+                return true;
+            }
+            if let TableData::Sparse(rows) = &d.table.data
+                && let Some(row) = rows.stripe(d.id).read().get(&d.id)
+                && row.dirty.swap(0, Ordering::Relaxed) != 0
+            {
+                forgotten += 1;
+            }
+            false
+        });
+        self.dirty_rows.fetch_sub(forgotten, Ordering::Relaxed);
+    }
+
     /// Writes back every dirty row; the stored rows then cover the whole log.
     pub(super) fn write_back_all(&self, log: &mut PushLog) -> Result<()> {
         self.write_back(log, u64::MAX)
@@ -305,7 +326,7 @@ impl Encoded {
         self.rows.push((table.key(id), self.bytes.len()));
     }
 
-    fn put(mut self, batch: &mut impl StoreBatch) {
+    fn put(self, batch: &mut impl StoreBatch) {
         let mut start = 0;
         let mut spans: Vec<([u8; 12], usize, usize)> = Vec::with_capacity(self.rows.len());
         for &(key, end) in &self.rows {
@@ -316,7 +337,6 @@ impl Encoded {
         for (key, start, end) in spans {
             batch.put(Cf::Params, &key, &self.bytes[start..end]);
         }
-        self.rows.clear();
     }
 }
 
