@@ -29,7 +29,8 @@ struct Args {
     /// Seconds per case (at least 3 rounds are always run).
     #[arg(long, default_value_t = 2.0)]
     seconds: f64,
-    /// Seconds of push+pull rounds before each dense case is timed (at least one round).
+    /// Seconds of push+pull rounds before each dense case is timed (at least one round; on
+    /// durable shards also until a lap of their push logs, for at most 20 s).
     #[arg(long, default_value_t = 2.0)]
     warmup: f64,
     /// Only the dense cases with this many floats (repeatable).
@@ -378,7 +379,7 @@ async fn dense_case(
     clients: usize,
     floats: usize,
     seconds: f64,
-    warmup: f64,
+    warmup: Warmup,
     t: &Transport,
 ) -> anyhow::Result<Dense> {
     let mut tasks = Vec::new();
@@ -398,13 +399,15 @@ async fn dense_case(
             let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(c as u64);
             let normal = rand_distr::Normal::new(0.0f32, 1e-3)?;
             let grad: Vec<f32> = (0..floats).map(|_| normal.sample(&mut rng)).collect();
-            // Warm-up: connections, buffers, and the first lap through a new dense log, whose
+            // Warm-up: connections, buffers, and the first lap through a new push log, whose
             // pages the kernel allocates once (a one-time cost of a new data directory).
             let t = Instant::now();
+            let mut pushed = 0u64;
             loop {
                 ps.push_dense(&name, &grad).await?;
                 ps.pull_dense(&name).await?;
-                if t.elapsed().as_secs_f64() >= warmup {
+                pushed += floats as u64 * 4;
+                if warmup.done(t.elapsed().as_secs_f64(), pushed) {
                     break;
                 }
             }
@@ -436,6 +439,26 @@ async fn dense_case(
         p50_ms: quantile(&mut pairs, 0.5),
         p99_ms: quantile(&mut pairs, 0.99),
     })
+}
+
+/// How long a dense case warms up: at least `seconds`, and until each client pushed
+/// `lap_bytes` (its share of a lap through every shard's push log: a new log's first lap is
+/// slower, as the kernel allocates its pages and, with `--sync`, converts its extents), for
+/// at most `MAX_WARMUP_S`.
+#[derive(Debug, Clone, Copy)]
+struct Warmup {
+    seconds: f64,
+    lap_bytes: u64,
+}
+
+/// The most a lap may add to a warm-up (small tensors, latency-bound, take long to lap a log
+/// and gain little from it).
+const MAX_WARMUP_S: f64 = 20.0;
+
+impl Warmup {
+    fn done(&self, elapsed: f64, pushed: u64) -> bool {
+        elapsed >= self.seconds && (pushed >= self.lap_bytes || elapsed >= MAX_WARMUP_S)
+    }
 }
 
 /// A dense case's result: goodput (pushed plus pulled bytes, all clients), push+pull pairs,
@@ -764,6 +787,19 @@ fn main() -> anyhow::Result<()> {
             d.gbps / append
         );
     };
+    // Each client's share of a lap through every shard's push log (durable shards only).
+    let log_bytes = args
+        .dense_log_mib
+        .unwrap_or(ps_server::store::RocksOptions::default().dense_log_mib)
+        << 20;
+    let warm = |durable: bool, shards: u32, clients: usize| Warmup {
+        seconds: warmup,
+        lap_bytes: if durable {
+            log_bytes * u64::from(shards) / clients.max(1) as u64
+        } else {
+            0
+        },
+    };
     let modes: &[(&str, bool, bool)] = &[("durable", true, false), ("memory", false, false)];
     for &(n, clients) in &layouts {
         for &(mode, durable, sync) in modes {
@@ -777,7 +813,7 @@ fn main() -> anyhow::Result<()> {
                     clients,
                     floats,
                     seconds,
-                    warmup,
+                    warm(durable, n, clients),
                     &transport,
                 ))?;
                 report(floats, n, clients, mode, &d);
@@ -794,7 +830,7 @@ fn main() -> anyhow::Result<()> {
             1,
             floats,
             seconds,
-            warmup,
+            warm(true, 1, 1),
             &transport,
         ))?;
         report(floats, 1, 1, "durable+sync", &d);
