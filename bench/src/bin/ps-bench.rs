@@ -496,15 +496,10 @@ async fn sparse_case_on(
     spec: TableSpec,
 ) -> anyhow::Result<(f64, f64, f64)> {
     let dim = spec.row_dim();
-    let batch = 4096;
+    let batch = SPARSE_BATCH;
     let ps = PsClient::connect(client_config(endpoints, t)).await?;
     ps.create_table(spec).await?;
-    let zipf = Zipf::new(space as f64, 1.05)?;
-    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
-    // Pre-generate batches so that sampling costs nothing in the timed loop.
-    let batches: Vec<Vec<u64>> = (0..256)
-        .map(|_| (0..batch).map(|_| zipf.sample(&mut rng) as u64).collect())
-        .collect();
+    let (batches, mut rng) = zipf_batches(space)?;
     let unique: f64 = batches
         .iter()
         .map(|b| b.iter().collect::<std::collections::HashSet<_>>().len() as f64)
@@ -541,6 +536,67 @@ async fn sparse_case_on(
         pushed as f64 * unique / secs,
         per_write,
     ))
+}
+
+/// Ids per sparse push or pull of the sparse cases.
+const SPARSE_BATCH: usize = 4096;
+
+/// The sparse cases' id batches (Zipf 1.05 over `space`, drawn before the timed loop so that
+/// sampling costs it nothing), and the generator that drew them.
+fn zipf_batches(space: u64) -> anyhow::Result<(Vec<Vec<u64>>, rand_xoshiro::Xoshiro256PlusPlus)> {
+    let zipf = Zipf::new(space as f64, 1.05)?;
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(1);
+    let batches = (0..256)
+        .map(|_| {
+            (0..SPARSE_BATCH)
+                .map(|_| zipf.sample(&mut rng) as u64)
+                .collect()
+        })
+        .collect();
+    Ok((batches, rng))
+}
+
+/// Rows pulled per second from `bench/sparse` (which the push cases made), with the push
+/// cases' ids, four pulls in flight.
+async fn sparse_pulls(
+    endpoints: &[String],
+    seconds: f64,
+    t: &Transport,
+    space: u64,
+) -> anyhow::Result<f64> {
+    let ps = PsClient::connect(client_config(endpoints, t)).await?;
+    let (batches, _) = zipf_batches(space)?;
+    let in_flight = 4;
+    let t = Instant::now();
+    let mut pulled = 0usize;
+    while t.elapsed().as_secs_f64() < seconds {
+        let round: Vec<_> = (0..in_flight)
+            .map(|k| ps.pull_sparse("bench/sparse", &batches[(pulled + k) % batches.len()]))
+            .collect();
+        for r in futures::future::join_all(round).await {
+            r?;
+        }
+        pulled += in_flight;
+    }
+    Ok((pulled * SPARSE_BATCH) as f64 / t.elapsed().as_secs_f64())
+}
+
+/// Times `sparse_pulls` on `shard` and prints its line (`cache`: which shard it is).
+async fn pull_case(
+    shard: &ShardProcess,
+    seconds: f64,
+    t: &Transport,
+    space: u64,
+    cache: &str,
+) -> anyhow::Result<()> {
+    let (cpu0, t0) = (shard.svc.cpu_seconds()?, Instant::now());
+    let pulls = sparse_pulls(std::slice::from_ref(&shard.endpoint), seconds, t, space).await?;
+    let cpu = shard.svc.cpu_seconds()? - cpu0;
+    println!(
+        "{{\"case\":\"store_sparse_pull_dim64\",\"keys\":{space},\"cache\":\"{cache}\",\"rows_pulled_per_s\":{pulls:.0},\"shard_cpu_s\":{cpu:.2},\"rows_pulled_per_shard_cpu_s\":{:.0}}}",
+        pulls * t0.elapsed().as_secs_f64() / cpu.max(0.01)
+    );
+    Ok(())
 }
 
 /// Tokens for the flood cases: an operator (tables), the victim, and the flooder (limited to
@@ -972,6 +1028,7 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
         stats.cache_hits as f64 / (stats.cache_hits + stats.cache_misses).max(1) as f64,
         shard.rss() >> 20
     );
+    pull_case(&shard, seconds, &transport, args.keys, "hot set").await?;
     drop(ps);
     // Killed in the middle of training: the rows updated since their last write-back are in
     // the log, replayed by the next process before it serves.
@@ -1021,6 +1078,7 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
         mem_keys * t0.elapsed().as_secs_f64() / mem_cpu.max(0.01),
         keys / mem_keys
     );
+    pull_case(&memory, seconds, &transport, args.keys, "in-memory shard").await?;
     memory.svc.stop(std::time::Duration::from_secs(60)).await;
     // The same table with a cache a tenth of its size.
     let small = ((rows * ROW_BYTES / 10) >> 20).max(1);

@@ -129,11 +129,7 @@ impl<S: Store> Engine<S> {
         let dim = *dim as usize;
         let mut buf = vec![0.0f32; req.ids.len() * dim];
         let mut missing = Vec::new();
-        for (i, (&id, out)) in req.ids.iter().zip(buf.chunks_exact_mut(dim)).enumerate() {
-            if !rows.read_into(id, out) {
-                missing.push(i);
-            }
-        }
+        rows.read_many(&req.ids, dim, &mut buf, &mut missing);
         self.inner
             .cache
             .counted((req.ids.len() - missing.len()) as u64, missing.len() as u64);

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::cell::Cell;
 use super::dedup::Dedup;
 use super::keys::rows_key;
-use super::rows::Row;
+use super::rows::{self, Row};
 use super::table::{Table, TableData, ThreadCpu};
 use super::{Cmd, EngineError, Inner, Job, PushOutcome, Result};
 use crate::metrics as m;
@@ -39,6 +39,8 @@ pub(super) struct Scratch {
     missing: Vec<u64>,
     /// One row's gradient, decoded.
     row: Vec<f32>,
+    /// The slots of `order` to update, grouped by lock stripe.
+    by_stripe: rows::ByStripe,
     /// A row's stored form, built for the batch.
     bytes: Vec<u8>,
 }
@@ -353,6 +355,7 @@ impl<S: Store> Inner<S> {
             slots,
             missing,
             row,
+            by_stripe,
             bytes: scratch,
         } = scratch;
         combined.clear();
@@ -410,19 +413,42 @@ impl<S: Store> Inner<S> {
             out.applied_values += dim as u64;
         };
         // The rows in memory first, each found once (only this thread evicts, so they stay in
-        // memory until the group is written).
+        // memory until the group is written), by lock stripe (`rows::ByStripe`): found and
+        // read in one pass, updated in a second from the processor's cache.
+        by_stripe.group(
+            order
+                .iter()
+                .zip(combined.chunks_exact(dim))
+                .map(|(&id, g)| {
+                    if skip && g.iter().any(|v| !v.is_finite()) {
+                        out.skipped_non_finite += 1;
+                        return None;
+                    }
+                    Some(id)
+                }),
+        );
         missing.clear();
         let mut misses = Vec::new();
-        for (k, (&id, g)) in order.iter().zip(combined.chunks_exact(dim)).enumerate() {
-            if skip && g.iter().any(|v| !v.is_finite()) {
-                out.skipped_non_finite += 1;
-                continue;
-            }
-            match rows.stripe(id).write().get_mut(&id) {
-                Some(row) => update(row, id, g, false, &mut out),
-                None => {
-                    missing.push(id);
-                    misses.push(k);
+        for (s, group) in by_stripe.groups() {
+            let mut stripe = rows.stripe_at(s).write();
+            let warmed: f32 = group
+                .iter()
+                .filter_map(|&k| {
+                    stripe
+                        .get(&order[k as usize])
+                        .map(|r| rows::warm(r, usize::MAX))
+                })
+                .sum();
+            std::hint::black_box(warmed);
+            for &k in group {
+                let k = k as usize;
+                let (id, g) = (order[k], &combined[k * dim..(k + 1) * dim]);
+                match stripe.get_mut(&id) {
+                    Some(row) => update(row, id, g, false, &mut out),
+                    None => {
+                        missing.push(id);
+                        misses.push(k);
+                    }
                 }
             }
         }
