@@ -31,15 +31,21 @@ pub(super) fn stripe_index(id: u64) -> usize {
     (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as usize % STRIPES
 }
 
-/// Reads one value in each cache line of the first `values` of `row`'s cell and returns their
-/// sum: a pass that does this for many rows before any is used has the processor wait for
-/// their cache misses (the table's probe, the row, its values) side by side instead of one
-/// after another.
-pub(super) fn warm(row: &Row, values: usize) -> f32 {
-    row.cell.data[..values.min(row.cell.data.len())]
-        .iter()
-        .step_by(16)
-        .sum()
+/// Finds rows `ids` in `stripe` and reads one value in each cache line of the first `values`
+/// of their cells, before any of them is used: the lookups do not depend on each other, so the
+/// processor waits for their cache misses (the table's probe, the row, its values) side by
+/// side instead of one after another.
+pub(super) fn warm(stripe: &Stripe, ids: impl Iterator<Item = u64>, values: usize) {
+    let read: f32 = ids
+        .filter_map(|id| stripe.get(&id))
+        .map(|row| {
+            row.cell.data[..values.min(row.cell.data.len())]
+                .iter()
+                .step_by(16)
+                .sum::<f32>()
+        })
+        .sum();
+    std::hint::black_box(read);
 }
 
 /// Marks a slot that `ByStripe::group` leaves out (stripes fit a byte).
@@ -184,11 +190,7 @@ impl Rows {
         by_stripe.group(ids.iter().map(|&id| Some(id)));
         for (s, slots) in by_stripe.groups() {
             let stripe = self.stripe_at(s).read();
-            let warmed: f32 = slots
-                .iter()
-                .filter_map(|&k| stripe.get(&ids[k as usize]).map(|row| warm(row, dim)))
-                .sum();
-            std::hint::black_box(warmed);
+            warm(&stripe, slots.iter().map(|&k| ids[k as usize]), dim);
             for &k in slots {
                 let k = k as usize;
                 match stripe.get(&ids[k]) {

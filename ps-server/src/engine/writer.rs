@@ -431,15 +431,11 @@ impl<S: Store> Inner<S> {
         let mut misses = Vec::new();
         for (s, group) in by_stripe.groups() {
             let mut stripe = rows.stripe_at(s).write();
-            let warmed: f32 = group
-                .iter()
-                .filter_map(|&k| {
-                    stripe
-                        .get(&order[k as usize])
-                        .map(|r| rows::warm(r, usize::MAX))
-                })
-                .sum();
-            std::hint::black_box(warmed);
+            rows::warm(
+                &stripe,
+                group.iter().map(|&k| order[k as usize]),
+                usize::MAX,
+            );
             for &k in group {
                 let k = k as usize;
                 let (id, g) = (order[k], &combined[k * dim..(k + 1) * dim]);
