@@ -35,6 +35,9 @@ fi
 if [ "${COMPOSE_TEST:-1}" != "0" ]; then
   ./scripts/compose-test.sh
 fi
+# NVRTC alone (PyPI's wheel; no GPU needed) for the test that compiles the CUDA kernels.
+LD_LIBRARY_PATH="$(./scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export LD_LIBRARY_PATH PS_REQUIRE_NVRTC=1
 # Last, so that its summary (tests run, passed, failed) is the last line of the run.
 echo "test: $(df -h --output=avail . | tail -1 | tr -d ' ') free on the build disk before the tests" >&2
 cargo nextest run --release --workspace --no-fail-fast

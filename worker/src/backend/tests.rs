@@ -229,6 +229,17 @@ fn device_codecs_match_the_host_codecs() {
         let mut dev = cuda::compress::DeviceCompressor::new(&c, n, true).unwrap();
         let sent = dev.encode(&d_grad, &codec).unwrap();
         let decoded = sent.to_vec().unwrap();
+        if text.starts_with("topk") {
+            // Each entry carries its own value (to f16's rounding), in index order.
+            ps_codec::sparse::for_each_entry(&sent.header, &sent.data, |i, v| {
+                assert!(
+                    (grad[i] - v).abs() <= 1e-3 * grad[i].abs(),
+                    "{text}: entry {i} carries {v} for {}",
+                    grad[i]
+                );
+            })
+            .unwrap();
+        }
         // What was sent plus what was kept is the gradient (error feedback loses nothing).
         let residual = dev.residual().unwrap().unwrap();
         for i in 0..n {
@@ -257,6 +268,21 @@ fn device_codecs_match_the_host_codecs() {
         .encode(&grad)
         .to_vec()
         .unwrap();
+        // A second step on the same compressor (its buffers and residual carried over):
+        // both payloads plus what is kept are twice the gradient.
+        let again = dev.encode(&d_grad, &codec).unwrap().to_vec().unwrap();
+        let residual = dev.residual().unwrap().unwrap();
+        for i in 0..n {
+            let sum = decoded[i] + again[i] + residual[i];
+            assert!(
+                (sum - 2.0 * grad[i]).abs() <= 2e-5 * (1.0 + grad[i].abs()),
+                "{text}, second step: sent {} + {} + kept {} != 2 x {}",
+                decoded[i],
+                again[i],
+                residual[i],
+                grad[i]
+            );
+        }
         if text.starts_with("topk") {
             let k = Codec::entries(0.01, n);
             let dev_nz = decoded.iter().filter(|v| **v != 0.0).count();
@@ -272,6 +298,76 @@ fn device_codecs_match_the_host_codecs() {
             assert_eq!(both, k, "{text}: the host's top k are all in the device's");
         } else {
             close(text, &decoded, &host);
+        }
+    }
+}
+
+/// Top-k over 4 M values keeping 41 planted spikes: index gaps of three-byte varints (and a
+/// first index of one or two bytes), a thousand tiles, no ties; the device's payload decodes to exactly
+/// the host's.
+#[test]
+#[ignore = "needs a CUDA device: run with --run-ignored all on a GPU machine"]
+fn device_top_k_of_a_long_vector_is_the_hosts() {
+    use ps_codec::{Codec, CompressOptions, Encoder};
+
+    let c = gpu();
+    let mut rng = Xoshiro256PlusPlus::seed_from_u64(4);
+    let n = 1 << 22;
+    let mut grad: Vec<f32> = random(&mut rng, n).iter().map(|v| v / 4.0).collect();
+    let k = Codec::entries(0.00001, n);
+    for j in 0..k {
+        let at = 5 + j * (n / k) + rng.random_range(0..1000);
+        grad[at] = if j % 2 == 0 { 10.0 } else { -10.0 } * (1.0 + j as f32);
+    }
+    let codec: Codec = "topk:0.00001:f32".parse().unwrap();
+    let mut dev = cuda::compress::DeviceCompressor::new(&c, n, false).unwrap();
+    let sent = dev.encode(&c.upload(&grad).unwrap(), &codec).unwrap();
+    assert_eq!(sent.header.num_entries, k as u64);
+    let host = Encoder::new(
+        CompressOptions {
+            min_values: 0,
+            ..CompressOptions::new(codec)
+        },
+        0,
+    )
+    .encode(&grad)
+    .to_vec()
+    .unwrap();
+    assert_eq!(sent.to_vec().unwrap(), host);
+}
+
+/// The kernels compile with NVRTC alone, for every architecture from Turing to Hopper: no GPU
+/// needed, only libnvrtc on the loader's path. The test command installs one
+/// (scripts/nvrtc.sh) and sets PS_REQUIRE_NVRTC=1, which makes a missing NVRTC a failure;
+/// elsewhere the test says it was skipped.
+#[test]
+fn kernels_compile_with_nvrtc() {
+    for cc in [(7, 5), (8, 0), (8, 6), (8, 9), (9, 0)] {
+        match cuda::compile_kernels(cc) {
+            Ok(ptx) => {
+                let src = ptx.to_src();
+                for name in [
+                    "softmax_xent",
+                    "compact_above",
+                    "write_sparse",
+                    "select_bin",
+                ] {
+                    assert!(
+                        src.contains(&format!(".entry {name}(")),
+                        "sm_{}{}: no kernel {name} in the PTX",
+                        cc.0,
+                        cc.1
+                    );
+                }
+            }
+            Err(e)
+                if e.contains("was not found")
+                    && std::env::var("PS_REQUIRE_NVRTC").as_deref() != Ok("1") =>
+            {
+                eprintln!("skipped: {e} (set PS_REQUIRE_NVRTC=1 to require it)");
+                return;
+            }
+            Err(e) => panic!("sm_{}{}: {e}", cc.0, cc.1),
         }
     }
 }

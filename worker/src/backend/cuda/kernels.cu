@@ -10,6 +10,14 @@ typedef unsigned int u32;
 typedef unsigned short u16;
 typedef unsigned char u8;
 
+// NVRTC compiles without the C library's headers, where these two come from.
+#ifndef INFINITY
+#define INFINITY __int_as_float(0x7f800000)
+#endif
+#ifndef NAN
+#define NAN __int_as_float(0x7fffffff)
+#endif
+
 #define GRID_STRIDE(i, n) \
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < (long long)(n); \
          i += (long long)blockDim.x * gridDim.x)
@@ -240,14 +248,15 @@ extern "C" __global__ void encode_sign(const float* x, long long n, int block,
 
 #define HIST_BINS 4096
 
-// Histogram of the keys' top 12 bits (shift 19), or, with `prefix` >= 0, of the next 12 bits
-// (shift 7) of the keys whose top 12 bits are `prefix`. Per-block counts in shared memory,
-// merged into `hist` once per block.
-extern "C" __global__ void magnitude_histogram(const float* x, long long n, int prefix,
+// Histogram of the keys' top 12 bits (shift 19), or, with `sel` given, of the next 12 bits
+// (shift 7) of the keys whose top 12 bits are sel[0] (the bin select_bin chose). Per-block
+// counts in shared memory, merged into `hist` once per block.
+extern "C" __global__ void magnitude_histogram(const float* x, long long n, const u32* sel,
                                                u32* hist) {
     __shared__ u32 local[HIST_BINS];
     for (int b = threadIdx.x; b < HIST_BINS; b += blockDim.x) local[b] = 0;
     __syncthreads();
+    int prefix = sel ? (int)sel[0] : -1;
     GRID_STRIDE(i, n) {
         u32 key = __float_as_uint(x[i]) & 0x7fffffffu;
         if (prefix < 0) {
@@ -262,11 +271,62 @@ extern "C" __global__ void magnitude_histogram(const float* x, long long n, int 
     }
 }
 
+// Walks a histogram down from its top bin until `need` keys are covered, on the device (one
+// block of 1024 threads, four bins each: a suffix sum over the threads finds the one holding
+// the crossing, which walks its bins). Stage 0 (need = k, the top 12 bits) writes the bin to
+// sel[0] and the keys still needed inside it to sel[1]; stage 1 (need = sel[1], the next 12
+// bits) writes the threshold key (sel[0] << 19 | bin << 7) to sel[2].
+extern "C" __global__ void select_bin(const u32* hist, u32 k, int stage, u32* sel) {
+    __shared__ u32 sums[1024];
+    int t = threadIdx.x;
+    u32 need = stage == 0 ? k : sel[1];
+    u32 mine = 0;
+    for (int b = 4 * t; b < 4 * t + 4; ++b) mine += hist[b];
+    sums[t] = mine;
+    __syncthreads();
+    // Inclusive suffix sums: sums[t] = the keys in thread t's bins and every bin above them.
+    for (int d = 1; d < 1024; d <<= 1) {
+        u32 v = t + d < 1024 ? sums[t + d] : 0;
+        __syncthreads();
+        sums[t] += v;
+        __syncthreads();
+    }
+    u32 above = sums[t] - mine;
+    int found = -1;
+    u32 left = 0;
+    if (above < need && sums[t] >= need) {
+        u32 acc = above;
+        for (int b = 4 * t + 3; b >= 4 * t; --b) {
+            if (acc + hist[b] >= need) {
+                found = b;
+                left = need - acc;
+                break;
+            }
+            acc += hist[b];
+        }
+    }
+    // Fewer keys than needed (not reached: the caller asks for k < n) leaves bin 0.
+    if (t == 0 && sums[0] < need) {
+        found = 0;
+        left = need - sums[0];
+    }
+    if (found >= 0) {
+        if (stage == 0) {
+            sel[0] = (u32)found;
+            sel[1] = left;
+        } else {
+            sel[2] = (sel[0] << 19) | ((u32)found << 7);
+        }
+    }
+}
+
 #define TILE 4096
 
-// Compaction, pass 1: how many keys of each tile of TILE values are at least `threshold`.
-extern "C" __global__ void count_above(const float* x, long long n, u32 threshold, u32* counts) {
+// Compaction, pass 1: how many keys of each tile of TILE values are at least the threshold
+// sel[2].
+extern "C" __global__ void count_above(const float* x, long long n, const u32* sel, u32* counts) {
     __shared__ u32 c;
+    u32 threshold = sel[2];
     if (threadIdx.x == 0) c = 0;
     __syncthreads();
     long long start = (long long)blockIdx.x * TILE;
@@ -306,13 +366,14 @@ extern "C" __global__ void exclusive_scan(const u32* counts, int tiles, u32* off
 
 // Compaction, pass 3: each tile writes its kept entries at its offset, in index order (a warp
 // ballot and the warps' counts order them inside each round of blockDim values), as the index
-// and the value (the host writes it as f16 when `f16`, rounding as this kernel does). Entries past
+// and the value (write_sparse writes it as f16 when `f16`, rounding as this kernel does). Entries past
 // `cap` are not sent. The residual keeps what is not sent: the value where nothing is sent, the
 // f16 rounding error where an entry is sent as f16.
-extern "C" __global__ void compact_above(const float* x, long long n, u32 threshold,
+extern "C" __global__ void compact_above(const float* x, long long n, const u32* sel,
                                          const u32* offsets, u32 cap, int f16, u32* idx,
                                          float* vals, float* residual) {
     __shared__ u32 warp_counts[32];
+    u32 threshold = sel[2];
     __shared__ u32 round_base;
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
     long long start = (long long)blockIdx.x * TILE;
@@ -345,4 +406,58 @@ extern "C" __global__ void compact_above(const float* x, long long n, u32 thresh
         }
         __syncthreads();
     }
+}
+
+// The wire layout of the kept entries (ps-codec's sparse payload: the values, f16 or f32, then
+// each index's gap from the one before as an LEB128 varint), written on the device so that one
+// copy brings the payload to the host. kept = min(offsets[tiles], cap).
+
+__device__ __forceinline__ u32 index_gap(const u32* idx, long long j) {
+    return j == 0 ? idx[0] : idx[j] - idx[j - 1] - 1;
+}
+
+__device__ __forceinline__ u32 varint_len(u32 v) {
+    return v < (1u << 7) ? 1 : v < (1u << 14) ? 2 : v < (1u << 21) ? 3 : v < (1u << 28) ? 4 : 5;
+}
+
+// Pass 1: each kept entry's varint length (0 past the kept ones), for exclusive_scan.
+extern "C" __global__ void gap_lengths(const u32* idx, const u32* offsets, int tiles, u32 cap,
+                                       u32* lens) {
+    u32 kept = min(offsets[tiles], cap);
+    GRID_STRIDE(j, cap) { lens[j] = j < kept ? varint_len(index_gap(idx, j)) : 0; }
+}
+
+// Pass 2: the values and the varints at their scanned offsets (after the kept * 2 or 4 bytes of
+// values); meta[0] = kept, meta[1] = the payload's length in bytes.
+extern "C" __global__ void write_sparse(const u32* idx, const float* vals, const u32* offsets,
+                                        int tiles, u32 cap, int f16, const u32* var_offsets,
+                                        u8* out, u32* meta) {
+    u32 kept = min(offsets[tiles], cap);
+    u32 vbytes = kept * (f16 ? 2u : 4u);
+    GRID_STRIDE(j, kept) {
+        float v = vals[j];
+        // Whole-value stores (the values start the buffer, so they are aligned): storing the
+        // f16 bits byte by byte lost the low byte under one NVRTC (13.0).
+        if (f16) {
+            ((u16*)out)[j] = f32_to_f16_bits(v);
+        } else {
+            ((u32*)out)[j] = __float_as_uint(v);
+        }
+        u32 g = index_gap(idx, j);
+        u8* p = out + vbytes + var_offsets[j];
+        while (g >= 0x80u) {
+            *p++ = (u8)(g | 0x80u);
+            g >>= 7;
+        }
+        *p = (u8)g;
+    }
+    if (blockIdx.x == 0 && threadIdx.x == 0) {
+        meta[0] = kept;
+        meta[1] = vbytes + var_offsets[cap];
+    }
+}
+
+// out = a + b (the gradient plus the error-feedback residual).
+extern "C" __global__ void add_into(const float* a, const float* b, float* out, long long n) {
+    GRID_STRIDE(i, n) { out[i] = a[i] + b[i]; }
 }

@@ -60,6 +60,10 @@ const KERNEL_NAMES: &[&str] = &[
     "count_above",
     "exclusive_scan",
     "compact_above",
+    "select_bin",
+    "gap_lengths",
+    "write_sparse",
+    "add_into",
 ];
 
 /// The oldest driver this backend runs on (CUDA 11.4, the oldest cudarc supports).
@@ -118,9 +122,13 @@ pub enum Selected {
 pub fn select(choice: DeviceChoice) -> std::result::Result<Selected, String> {
     match choice {
         DeviceChoice::Cpu => Ok(Selected::Cpu),
-        DeviceChoice::Cuda(n) => probe(n)
-            .map(Selected::Cuda)
-            .map_err(|e| format!("--device cuda:{n}: {e}")),
+        DeviceChoice::Cuda(n) => match probe(n) {
+            Ok(c) => {
+                tracing::info!(device = %c.describe(), "compute on CUDA");
+                Ok(Selected::Cuda(c))
+            }
+            Err(e) => Err(format!("--device cuda:{n}: {e}")),
+        },
         DeviceChoice::Auto => match probe(0) {
             Ok(c) => {
                 tracing::info!(device = %c.describe(), "compute on CUDA");
@@ -231,6 +239,10 @@ fn open(ordinal: usize) -> std::result::Result<Cuda, String> {
         return Err(format!("no CUDA device {ordinal}: {count} found"));
     }
     let ctx = CudaContext::new(ordinal).map_err(|e| format!("opening device {ordinal}: {e}"))?;
+    // SAFETY: every buffer of this context is used on its one stream (`default_stream` below),
+    // so the stream's order already separates each buffer's uses and its free; the per-buffer
+    // events cudarc would record on every launch are not needed.
+    unsafe { ctx.disable_event_tracking() };
     let name = ctx.name().unwrap_or_else(|_| "unknown".into());
     let capability = ctx
         .compute_capability()
@@ -275,12 +287,7 @@ fn kernels_ptx(cc: (i32, i32)) -> std::result::Result<Ptx, String> {
     if let Some(src) = file.as_ref().and_then(|f| std::fs::read_to_string(f).ok()) {
         return Ok(Ptx::from_src(src));
     }
-    let opts = CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
-        ..Default::default()
-    };
-    let ptx = compile_ptx_with_opts(KERNELS, opts)
-        .map_err(|e| format!("NVRTC could not compile the kernels: {e:?}"))?;
+    let ptx = compile_kernels(cc)?;
     if let Some(f) = &file {
         // A cache that cannot be written only costs a compile next time.
         let _ = f
@@ -289,6 +296,20 @@ fn kernels_ptx(cc: (i32, i32)) -> std::result::Result<Ptx, String> {
             .map(|_| std::fs::write(f, ptx.to_src()));
     }
     Ok(ptx)
+}
+
+/// Compiles the kernels with NVRTC for compute capability `cc`. Needs NVRTC, not a GPU.
+pub fn compile_kernels(cc: (i32, i32)) -> std::result::Result<Ptx, String> {
+    // SAFETY: this only tries to dlopen the library by its usual names.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        return Err("NVRTC (libnvrtc.so) was not found".into());
+    }
+    let opts = CompileOptions {
+        options: vec![format!("--gpu-architecture=compute_{}{}", cc.0, cc.1)],
+        ..Default::default()
+    };
+    compile_ptx_with_opts(KERNELS, opts)
+        .map_err(|e| format!("NVRTC could not compile the kernels: {e:?}"))
 }
 
 /// Threads per block of the element-wise kernels.
