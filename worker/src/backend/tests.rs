@@ -372,6 +372,22 @@ fn kernels_compile_with_nvrtc() {
     }
 }
 
+/// A loader's panic becomes its message (the probe's "why"); a panic of another thread meanwhile
+/// is still a panic there.
+#[test]
+fn a_loader_panic_becomes_its_message() {
+    let r: Result<(), String> = cuda::catch_quietly(|| panic!("symbol cuFoo not found"));
+    assert_eq!(r.unwrap_err(), "symbol cuFoo not found");
+    let r: Result<(), String> = cuda::catch_quietly(|| std::panic::panic_any(3u8));
+    assert_eq!(r.unwrap_err(), "unknown");
+    assert_eq!(cuda::catch_quietly(|| 7), Ok(7));
+    let other = cuda::catch_quietly(|| std::thread::spawn(|| panic!("elsewhere")).join());
+    assert!(
+        matches!(other, Ok(Err(_))),
+        "the other thread's panic is its own"
+    );
+}
+
 #[test]
 fn device_choice_parses_and_selects_or_says_why() {
     use cuda::{DeviceChoice, Selected, select};

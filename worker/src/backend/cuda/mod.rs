@@ -196,25 +196,42 @@ pub fn probe(ordinal: usize) -> std::result::Result<Cuda, String> {
     if let Some((_, why)) = present.iter().find(|(ok, _)| !ok) {
         return Err((*why).to_owned());
     }
-    let previous = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let outcome = std::panic::catch_unwind(|| open(ordinal));
-    std::panic::set_hook(previous);
-    let cuda = match outcome {
-        Ok(r) => r?,
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "unknown".into());
-            return Err(format!("the CUDA libraries failed to load: {msg}"));
-        }
-    };
+    let cuda = catch_quietly(|| open(ordinal))
+        .map_err(|msg| format!("the CUDA libraries failed to load: {msg}"))??;
     if let Ok(mut m) = opened().lock() {
         m.insert(ordinal, cuda.clone());
     }
     Ok(cuda)
+}
+
+thread_local! {
+    /// Set while this thread runs [`catch_quietly`]'s closure.
+    static QUIET: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f`, turning a panic inside it (the CUDA loaders panic on a missing library or symbol)
+/// into its message, without printing it. Only this thread's panics are silenced: the panic hook
+/// is wrapped once, and panics of other threads still reach the hook that was there before.
+pub(crate) fn catch_quietly<T>(f: impl FnOnce() -> T) -> std::result::Result<T, String> {
+    static WRAPPED: std::sync::Once = std::sync::Once::new();
+    WRAPPED.call_once(|| {
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !QUIET.with(std::cell::Cell::get) {
+                previous(info);
+            }
+        }));
+    });
+    let was = QUIET.with(|q| q.replace(true));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    QUIET.with(|q| q.set(was));
+    outcome.map_err(|panic| {
+        panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_else(|| "unknown".into())
+    })
 }
 
 fn open(ordinal: usize) -> std::result::Result<Cuda, String> {
