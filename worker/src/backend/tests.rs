@@ -1,8 +1,8 @@
 //! Every backend operation, written once, run on each backend this machine has and compared
 //! with the CPU's result. The CUDA runs need a GPU: they are ignored by default (the runner
 //! reports them as skipped) and run on a GPU machine with
-//! `cargo nextest run --release -p ps-worker --run-ignored all`, where a missing or unusable
-//! GPU fails them.
+//! `PS_REQUIRE_GPU=1 cargo nextest run --release -p ps-worker --run-ignored all`, where a
+//! missing or unusable GPU fails them (and, with PS_REQUIRE_GPU=1, the device-choice test).
 
 use rand::{Rng, SeedableRng};
 use rand_xoshiro::Xoshiro256PlusPlus;
@@ -402,8 +402,13 @@ fn device_choice_parses_and_selects_or_says_why() {
     }
     assert!(matches!(select(DeviceChoice::Cpu), Ok(Selected::Cpu)));
     match cuda::probe(0) {
-        // No GPU: auto falls back to the CPU, asking for CUDA is an error naming the device.
-        Err(_) => {
+        // No GPU: auto falls back to the CPU, asking for CUDA is an error naming the device
+        // (unless the run asked for a GPU: then its absence fails the run).
+        Err(e) => {
+            assert!(
+                std::env::var("PS_REQUIRE_GPU").as_deref() != Ok("1"),
+                "PS_REQUIRE_GPU=1 but CUDA is unusable here: {e}"
+            );
             assert!(matches!(select(DeviceChoice::Auto), Ok(Selected::Cpu)));
             let e = select(DeviceChoice::Cuda(0)).unwrap_err();
             assert!(e.starts_with("--device cuda:0: "), "{e}");
