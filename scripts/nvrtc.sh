@@ -10,6 +10,9 @@ dest=target/nvrtc
 lib="$dest/nvidia/cuda_nvrtc/lib"
 if [ ! -e "$lib/libnvrtc.so.12" ]; then
   [ -x "$venv/bin/pip" ] || python3 -m venv "$venv"
-  "$venv/bin/pip" install --quiet --no-deps --target "$dest" "nvidia-cuda-nvrtc-cu12==12.9.86" >&2
+  "$venv/bin/pip" install --quiet --no-deps --no-cache-dir --target "$dest" \
+    "nvidia-cuda-nvrtc-cu12==12.9.86" >&2
+  # The wheel carries a second build of each library (.alt); the loader wants only these.
+  rm -f "$lib"/*.alt.*
 fi
 echo "$(pwd)/$lib"
