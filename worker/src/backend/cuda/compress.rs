@@ -27,6 +27,12 @@ use crate::backend::{Backend, BackendError, Result};
 const HIST_BINS: usize = 4096;
 const TILE: usize = 4096;
 const SCAN_THREADS: u32 = 1024;
+/// One block of SCAN_THREADS threads: the scans and select_bin.
+const ONE_BLOCK: LaunchConfig = LaunchConfig {
+    grid_dim: (1, 1, 1),
+    block_dim: (SCAN_THREADS, 1, 1),
+    shared_mem_bytes: 0,
+};
 /// The longest LEB128 varint of a u32 index gap.
 const MAX_VARINT: usize = 5;
 
@@ -312,11 +318,6 @@ impl DeviceCompressor {
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let one_block = LaunchConfig {
-                grid_dim: (1, 1, 1),
-                block_dim: (SCAN_THREADS, 1, 1),
-                shared_mem_bytes: 0,
-            };
             let null = 0u64;
             for stage in 0..2i32 {
                 let hist = &mut s.hist[stage as usize];
@@ -342,7 +343,7 @@ impl DeviceCompressor {
                 // SAFETY: one block of 1024 threads, each reading four of the 4096 bins;
                 // sel holds 4 values, of which stage 0 writes [0] and [1], stage 1 reads [0],
                 // [1] and writes [2].
-                unsafe { b.launch(one_block) }.map_err(|e| dev_err("select_bin", e))?;
+                unsafe { b.launch(ONE_BLOCK) }.map_err(|e| dev_err("select_bin", e))?;
             }
         }
         let tiles_cfg = LaunchConfig {
@@ -432,13 +433,8 @@ fn scan(
     let f = cuda.function("exclusive_scan")?;
     let mut b = cuda.stream().launch_builder(f);
     b.arg(counts).arg(&len).arg(offsets);
-    let one = LaunchConfig {
-        grid_dim: (1, 1, 1),
-        block_dim: (SCAN_THREADS, 1, 1),
-        shared_mem_bytes: 0,
-    };
     // SAFETY: one block reads counts[0..len) and writes offsets[0..=len); the callers'
     // buffers hold len and len + 1 values.
-    unsafe { b.launch(one) }.map_err(|e| dev_err("exclusive_scan", e))?;
+    unsafe { b.launch(ONE_BLOCK) }.map_err(|e| dev_err("exclusive_scan", e))?;
     Ok(())
 }
