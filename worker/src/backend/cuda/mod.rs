@@ -120,26 +120,19 @@ pub enum Selected {
 /// Applies `--device`: `auto` falls back to the CPU with one log line saying why; asking for
 /// CUDA where it does not work is an error with the reason.
 pub fn select(choice: DeviceChoice) -> std::result::Result<Selected, String> {
-    match choice {
-        DeviceChoice::Cpu => Ok(Selected::Cpu),
-        DeviceChoice::Cuda(n) => match probe(n) {
-            Ok(c) => {
-                tracing::info!(device = %c.describe(), "compute on CUDA");
-                Ok(Selected::Cuda(c))
-            }
-            Err(e) => Err(format!("--device cuda:{n}: {e}")),
-        },
+    let cuda = match choice {
+        DeviceChoice::Cpu => return Ok(Selected::Cpu),
+        DeviceChoice::Cuda(n) => probe(n).map_err(|e| format!("--device cuda:{n}: {e}"))?,
         DeviceChoice::Auto => match probe(0) {
-            Ok(c) => {
-                tracing::info!(device = %c.describe(), "compute on CUDA");
-                Ok(Selected::Cuda(c))
-            }
+            Ok(c) => c,
             Err(e) => {
                 tracing::info!("compute on the CPU: no usable CUDA device ({e})");
-                Ok(Selected::Cpu)
+                return Ok(Selected::Cpu);
             }
         },
-    }
+    };
+    tracing::info!(device = %cuda.describe(), "compute on CUDA");
+    Ok(Selected::Cuda(cuda))
 }
 
 /// A CUDA device with its stream, cuBLAS handle and compiled kernels. Cheap to clone.
