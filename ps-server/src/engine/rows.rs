@@ -31,21 +31,33 @@ pub(super) fn stripe_index(id: u64) -> usize {
     (id.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 57) as usize % STRIPES
 }
 
-/// Finds rows `ids` in `stripe` and reads one value in each cache line of the first `values`
-/// of their cells, before any of them is used: the lookups do not depend on each other, so the
+/// Finds rows `ids` in `stripe` and asks for each cache line of the first `values` of their
+/// cells, before any of them is used: the lookups do not depend on each other, so the
 /// processor waits for their cache misses (the table's probe, the row, its values) side by
 /// side instead of one after another.
 pub(super) fn warm(stripe: &Stripe, ids: impl Iterator<Item = u64>, values: usize) {
-    let read: f32 = ids
-        .filter_map(|id| stripe.get(&id))
-        .map(|row| {
-            row.cell.data[..values.min(row.cell.data.len())]
-                .iter()
-                .step_by(16)
-                .sum::<f32>()
-        })
-        .sum();
-    std::hint::black_box(read);
+    for row in ids.filter_map(|id| stripe.get(&id)) {
+        let data = &row.cell.data[..values.min(row.cell.data.len())];
+        for line in data.iter().step_by(16) {
+            prefetch(line);
+        }
+    }
+}
+
+/// Asks the processor to bring `value`'s cache line in, without waiting for it: unlike a
+/// load, a prefetch retires at once, so the misses of a whole stripe's rows overlap.
+#[inline(always)]
+fn prefetch(value: &f32) {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    // SAFETY: a prefetch reads nothing the program sees and cannot fault; the pointer comes
+    // from a live reference.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    std::hint::black_box(*value);
 }
 
 /// Marks a slot that `ByStripe::group` leaves out (stripes fit a byte).

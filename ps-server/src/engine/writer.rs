@@ -414,7 +414,7 @@ impl<S: Store> Inner<S> {
         };
         // The rows in memory first, each found once (only this thread evicts, so they stay in
         // memory until the group is written), by lock stripe (`rows::ByStripe`): found and
-        // read in one pass, updated in a second from the processor's cache.
+        // prefetched in one pass, updated in a second from the processor's cache.
         by_stripe.group(
             order
                 .iter()
