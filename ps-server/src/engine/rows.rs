@@ -1,9 +1,11 @@
 //! A sparse table's rows. On a durable shard the store holds every row and memory holds a
 //! bounded cache of the hot ones; without a store (the in-memory mode) memory holds them all.
 //!
-//! The cache is write-through: the writer puts every row it updates into the group commit's
-//! batch, so a cached row is never newer than the store once its group is written, and
-//! evicting it loses nothing. Only the writer evicts, and only after its group is written.
+//! A cached row is never newer than what is durable once its group is written: a table that
+//! evicts rows (TTL, cap) is written through (the writer puts every row it updates into the
+//! group commit's batch); the others are written back (`writeback.rs`: the log holds their
+//! updates, and a dirty row is written before it may leave memory), so evicting a row loses
+//! nothing. Only the writer evicts, and only after its group is written.
 //! Readers fill the cache on a miss only while it has room, and only when no eviction started
 //! since they read the store (the eviction epoch): a row evicted after the writer updated it
 //! is never put back from an older read. Rows deleted from the store (evicted by age or a row
