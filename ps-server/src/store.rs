@@ -243,7 +243,9 @@ impl RocksStore {
                 // skip list at each flush: `ps-bench --store` on the hot set, two sets of three
                 // interleaved pairs, 1.74-1.78 M key updates per shard CPU second against
                 // 1.53-1.67 M, then (with the prefetching lookups) 1.40-1.62 M against
-                // 1.53-1.59 M: within the noise to +10%, and 15-30 MiB less RSS.
+                // 1.53-1.59 M: within the noise to +10%, and 15-30 MiB less RSS. The prefix
+                // extractor (the whole 12-byte key), which the hash memtable needed, stays: the
+                // files written with it keep their filters, and scans ask for total order.
                 o.set_prefix_extractor(SliceTransform::create_fixed_prefix(CELL_KEY_LEN));
             }
             o
