@@ -114,6 +114,7 @@ pub struct FileConfig {
     pub bulk_idle_timeout_s: Option<u64>,
     pub virtual_nodes: Option<u32>,
     pub group_commit_bytes: Option<usize>,
+    pub writer_spin_us: Option<u64>,
     pub max_queued_bytes: Option<usize>,
     pub pull_replica_bytes: Option<usize>,
     pub rocksdb: Option<RocksOptions>,
@@ -137,6 +138,8 @@ pub struct ServerConfig {
     /// Most bytes of values one pull answers.
     pub max_answer_bytes: u64,
     pub group_commit_bytes: usize,
+    /// How long the writer stays awake for the next push after a small group.
+    pub writer_spin: std::time::Duration,
     pub max_queued_bytes: usize,
     /// Memory for the per-client replicas that delta pulls diff against.
     pub pull_replica_bytes: usize,
@@ -179,6 +182,7 @@ impl ServerConfig {
             job_quota: crate::engine::JobQuota::default(),
             max_answer_bytes: 256 << 20,
             group_commit_bytes: 64 << 20,
+            writer_spin: std::time::Duration::from_micros(250),
             max_queued_bytes: 1 << 30,
             pull_replica_bytes: 512 << 20,
             rocksdb: RocksOptions::default(),
@@ -225,6 +229,9 @@ impl ServerConfig {
             },
             max_answer_bytes: file.max_answer_bytes.unwrap_or(d.max_answer_bytes),
             group_commit_bytes: file.group_commit_bytes.unwrap_or(d.group_commit_bytes),
+            writer_spin: file
+                .writer_spin_us
+                .map_or(d.writer_spin, std::time::Duration::from_micros),
             max_queued_bytes: file.max_queued_bytes.unwrap_or(d.max_queued_bytes),
             pull_replica_bytes: file.pull_replica_bytes.unwrap_or(d.pull_replica_bytes),
             rocksdb,
@@ -340,7 +347,7 @@ mod tests {
     fn flags_beat_the_file_which_beats_defaults() {
         let (_d, path) = file(
             "listen = \"127.0.0.1:9000\"\ndata_dir = \"/tmp/x\"\nnum_shards = 4\nshard_index = 3\n\
-             group_commit_bytes = 1024\n[rocksdb]\nwrite_buffer_mib = 32\n",
+             group_commit_bytes = 1024\nwriter_spin_us = 0\n[rocksdb]\nwrite_buffer_mib = 32\n",
         );
         let cfg = ServerConfig::resolve(args(&[
             "--config",
@@ -353,6 +360,7 @@ mod tests {
         assert_eq!(cfg.service.listen.port(), 9001);
         assert_eq!((cfg.shard_index, cfg.num_shards), (3, 4));
         assert_eq!(cfg.group_commit_bytes, 1024);
+        assert!(cfg.writer_spin.is_zero());
         assert_eq!(cfg.rocksdb.write_buffer_mib, 32);
         assert!(cfg.rocksdb.sync);
         assert_eq!(

@@ -162,6 +162,7 @@ async fn serve<S: Store>(
         virtual_nodes: cfg.virtual_nodes,
         checkpoint_dir: cfg.service.data_dir.as_ref().map(|d| d.join("checkpoints")),
         group_commit_bytes: cfg.group_commit_bytes,
+        writer_spin: cfg.writer_spin,
         max_queued_bytes: cfg.max_queued_bytes,
         pull_replica_bytes: cfg.pull_replica_bytes,
         dense_log_bytes: cfg.rocksdb.dense_log_mib << 20,

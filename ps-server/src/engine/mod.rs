@@ -86,6 +86,9 @@ pub struct EngineConfig {
     pub checkpoint_dir: Option<PathBuf>,
     /// Most bytes of pushes applied in one group commit.
     pub group_commit_bytes: usize,
+    /// How long the writer polls for the next push after a group of at most 64 KiB before it
+    /// sleeps (`writer.rs`); zero: it sleeps at once.
+    pub writer_spin: std::time::Duration,
     /// Most bytes of pushes queued for the writer; callers wait beyond it.
     pub max_queued_bytes: usize,
     /// Most bytes of replicas kept for delta pulls; beyond it chunks are answered whole.

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ps_core::{NonFinitePolicy, PushDense, PushSparse, TableKind};
 use tokio::sync::{mpsc, oneshot};
@@ -45,10 +45,37 @@ pub(super) struct Scratch {
     bytes: Vec<u8>,
 }
 
+/// Groups of at most this many bytes are latency-bound: after one, the writer waits for the
+/// next command awake (`EngineConfig::writer_spin`) before it sleeps.
+const SMALL_GROUP_BYTES: usize = 64 << 10;
+
+/// The next command. After a small group the writer first polls for up to `spin`, yielding
+/// its core to any thread that wants it: a request-answer client sends its next push within
+/// a few hundred microseconds, and a thread woken from sleep costs tens of microseconds per
+/// push (on a virtual machine, a processor woken from halt). On ps-bench's 1 K-float pairs
+/// this halved the pair's median latency.
+fn next_cmd(rx: &mut mpsc::Receiver<Cmd>, spin: Duration) -> Option<Cmd> {
+    if !spin.is_zero() {
+        let until = Instant::now() + spin;
+        loop {
+            match rx.try_recv() {
+                Ok(cmd) => return Some(cmd),
+                Err(mpsc::error::TryRecvError::Disconnected) => return None,
+                Err(mpsc::error::TryRecvError::Empty) if Instant::now() < until => {
+                    std::thread::yield_now();
+                }
+                Err(mpsc::error::TryRecvError::Empty) => break,
+            }
+        }
+    }
+    rx.blocking_recv()
+}
+
 impl<S: Store> Inner<S> {
     pub(super) fn run_writer(&self, mut rx: mpsc::Receiver<Cmd>) {
         let mut scratch = Scratch::default();
-        while let Some(first) = rx.blocking_recv() {
+        let mut spin = Duration::ZERO;
+        while let Some(first) = next_cmd(&mut rx, spin) {
             let mut pushes = Vec::new();
             let mut bytes = 0;
             let mut next = Some(first);
@@ -84,6 +111,11 @@ impl<S: Store> Inner<S> {
                     }
                 }
             }
+            spin = if bytes <= SMALL_GROUP_BYTES {
+                self.cfg.writer_spin
+            } else {
+                Duration::ZERO
+            };
             self.commit_group(pushes, &mut scratch);
             self.after_group();
         }
