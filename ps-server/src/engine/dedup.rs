@@ -105,7 +105,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let store = RocksStore::open(dir.path(), &RocksOptions::default()).unwrap();
         let mut d = Dedup::default();
-        let mut write = |d: &mut Dedup, ids: &[PushId]| {
+        let write = |d: &mut Dedup, ids: &[PushId]| {
             let mut b = store.batch();
             for i in ids {
                 d.record(i, &mut b);
