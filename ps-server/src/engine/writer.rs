@@ -52,8 +52,8 @@ const SMALL_GROUP_BYTES: usize = 64 << 10;
 /// The next command. After a small group the writer first polls for up to `spin`, yielding
 /// its core to any thread that wants it: a request-answer client sends its next push within
 /// a few hundred microseconds, and a thread woken from sleep costs tens of microseconds per
-/// push (on a virtual machine, a processor woken from halt). On ps-bench's 1 K-float pairs
-/// this halved the pair's median latency.
+/// push (on a virtual machine, a processor woken from halt). On ps-bench's 1 K-float pairs,
+/// with small bulk frames sent in one write, the pair's median fell by about 40%.
 fn next_cmd(rx: &mut mpsc::Receiver<Cmd>, spin: Duration) -> Option<Cmd> {
     if !spin.is_zero() {
         let until = Instant::now() + spin;
