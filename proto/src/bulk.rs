@@ -114,21 +114,22 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
         header_len,
         body_len: body.iter().map(|b| b.len() as u64).sum(),
     };
-    let small = head.body_len <= COALESCE_BYTES;
-    let tail = if small { head.body_len as usize } else { 0 };
-    let mut first = Vec::with_capacity(HEAD_LEN + header.len() + tail);
+    // The parts copied into the first write, and those written from their own buffers.
+    let (inline, rest) = if head.body_len <= COALESCE_BYTES {
+        (body, &[][..])
+    } else {
+        (&[][..], body)
+    };
+    let mut first =
+        Vec::with_capacity(HEAD_LEN + header.len() + inline.iter().map(Bytes::len).sum::<usize>());
     first.extend_from_slice(&head.encode());
     first.extend_from_slice(header);
-    if small {
-        for part in body {
-            first.extend_from_slice(part);
-        }
+    for part in inline {
+        first.extend_from_slice(part);
     }
     w.write_all(&first).await?;
-    if !small {
-        for part in body {
-            w.write_all(part).await?;
-        }
+    for part in rest {
+        w.write_all(part).await?;
     }
     w.flush().await
 }
