@@ -6,8 +6,10 @@
 //! the measured figures.
 //!
 //! Every run is a `psctl local` run whose flags the report prints, so any one of them can be
-//! repeated by hand. Finished runs are kept (`<runs>/<suite>/<config>/seed<k>/final.json`) and
-//! not run again unless `--rerun` is given, so an interrupted runner picks up where it stopped.
+//! repeated by hand. Finished runs are kept (`<runs>/<suite>/<config>/seed<k>/final.json`, with
+//! the flags they ran with in `flags.txt`; their shards' data is removed) and not run again
+//! unless their flags changed or `--rerun` is given, so an interrupted runner picks up where it
+//! stopped.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -17,17 +19,17 @@ use clap::Parser;
 use serde::{Deserialize, Serialize};
 
 use crate::local::LocalArgs;
-use ps_worker::run::{EvalRecord, FinalRecord, PALETTE, Panel, Series, svg};
+use ps_worker::run::{EvalRecord, FinalRecord, PALETTE, Panel, PhaseMs, Series, svg};
 
 /// `psctl experiments`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct ExperimentArgs {
     /// The suites to run, comma-separated: codecs (softmax), codecs-mlp, consistency,
-    /// stragglers, balance.
+    /// stragglers, links-100, links-1000, links-sparse-100, links-sparse-1000, balance.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "codecs,codecs-mlp,consistency,stragglers,balance"
+        default_value = "codecs,codecs-mlp,consistency,stragglers,links-100,links-1000,links-sparse-100,links-sparse-1000,balance"
     )]
     pub suites: Vec<String>,
     /// Seeds per configuration (1, 2, ...).
@@ -59,6 +61,9 @@ pub struct ExperimentArgs {
 struct Config {
     label: &'static str,
     flags: &'static str,
+    /// Its epochs as a multiple of the suite's (a faster configuration given the time to go
+    /// further, for a time-to-accuracy comparison).
+    epochs_factor: f64,
 }
 
 /// A set of configurations trained alike and compared.
@@ -73,6 +78,8 @@ struct Suite {
     epochs: f64,
     /// Evaluations per epoch (for the curves and the time to the target).
     evals_per_epoch: f64,
+    /// Training examples of the suite's data set (for the evaluation interval).
+    train_examples: f64,
     /// Test accuracy the time-to-target column measures.
     target: f64,
     configs: Vec<Config>,
@@ -119,7 +126,111 @@ fn bsp_and_ssp_configs() -> [Config; 3] {
 }
 
 const fn config(label: &'static str, flags: &'static str) -> Config {
-    Config { label, flags }
+    Config {
+        label,
+        flags,
+        epochs_factor: 1.0,
+    }
+}
+
+impl Config {
+    /// The configuration run for `factor` times the suite's epochs.
+    const fn longer(mut self, factor: f64) -> Self {
+        self.epochs_factor = factor;
+        self
+    }
+}
+
+const F32_BOTH: &str = "f32 both ways";
+const FP16_BOTH: &str = "fp16 both ways";
+const TOPK_FP16_PULL: &str = "top-k 1% push, fp16 pull";
+const TOPK_DELTA_PULL: &str = "top-k 1% push, delta top-k 2% pull";
+
+/// The link suites' configurations: f32, fp16 both ways, top-k 1% pushes (with error feedback
+/// and momentum correction) with fp16 pulls, and with delta top-k pulls. Top-k configurations
+/// run more epochs (2x with fp16 pulls, 3x with delta pulls, whose steps are the fastest):
+/// the comparison is the time to f32's accuracy, not the accuracy at the same epochs.
+fn link_configs() -> Vec<Config> {
+    vec![
+        config(F32_BOTH, "--codec f32 --pull-codec f32"),
+        config(FP16_BOTH, "--codec fp16 --pull-codec fp16"),
+        config(
+            TOPK_FP16_PULL,
+            "--codec topk:0.01 --momentum-correction --pull-codec fp16",
+        )
+        .longer(2.0),
+        config(
+            TOPK_DELTA_PULL,
+            "--codec topk:0.01 --momentum-correction --pull-codec delta-topk:0.02",
+        )
+        .longer(3.0),
+    ]
+}
+
+/// Training examples of Fashion-MNIST and of the Adult table.
+const FASHION_MNIST_TRAIN: f64 = 60_000.0;
+const ADULT_TRAIN: f64 = 32_561.0;
+
+/// The sparse model's link configurations: as [`link_configs`], with the shards' Adagrad (no
+/// momentum to correct) and the same epochs for every row.
+fn sparse_link_configs() -> Vec<Config> {
+    vec![
+        config(F32_BOTH, "--codec f32 --pull-codec f32"),
+        config(FP16_BOTH, "--codec fp16 --pull-codec fp16"),
+        config(TOPK_FP16_PULL, "--codec topk:0.01 --pull-codec fp16"),
+        config(
+            TOPK_DELTA_PULL,
+            "--codec topk:0.01 --pull-codec delta-topk:0.02",
+        ),
+    ]
+}
+
+/// The sparse model's link suites: wide & deep on the Adult table.
+fn sparse_link_suite(name: &'static str, title: &'static str, base: &'static str) -> Suite {
+    Suite {
+        name,
+        title,
+        about: "Wide & deep on the Adult table (a wide sparse table of dim 1, an embedding \
+                table of dim 32 and a 32-64-1 MLP; 2 shards, 2 workers, BSP, global batch 128, \
+                Adagrad lr 0.05), every worker's pushes and pulls over the emulated link. The \
+                codecs apply to every table: top-k 1% sends the largest entries of each pushed \
+                row (at least one), fp16 pulls round rows and dense tables alike, delta top-k \
+                pulls the dense tables as the top 2% of their change (rows then come in f32). \
+                A step moves about 45 KB each way in f32, so the link is a small part of it.",
+        base,
+        epochs: 3.0,
+        // The model is near its final accuracy within a quarter epoch: evaluations every 16
+        // clocks (a fifth of a second) measure when.
+        evals_per_epoch: 16.0,
+        train_examples: ADULT_TRAIN,
+        target: 0.845,
+        configs: sparse_link_configs(),
+    }
+}
+
+/// The link suites: the MLP on Fashion-MNIST at 100 Mbit/s and 1 Gbit/s.
+fn link_suite(name: &'static str, title: &'static str, base: &'static str) -> Suite {
+    Suite {
+        name,
+        title,
+        about: "The MLP of the codec suite (784-256-10, 2 shards, 2 workers, BSP, global batch \
+                128, lr 0.05) with every worker's pushes and pulls over an emulated link (a \
+                token bucket per direction on the client's transport: each request and answer \
+                takes the time its bytes would at that speed). Pushes: f32, fp16, or top-k 1% \
+                with error feedback and momentum correction (the workers apply the momentum, \
+                the shards plain SGD). Pulls: f32, fp16, or delta top-k (each chunk as the top \
+                2% of its change since the worker's last pull, fp16 values with their indices; \
+                what is left out comes in later pulls). Top-k rows run more epochs (the second \
+                table says how many): the comparison is the time to reach f32's final accuracy, \
+                not the accuracy at equal epochs. Time is the evaluating worker's training time, evaluations left out; \
+                the phases are its mean milliseconds per step.",
+        base,
+        epochs: 3.0,
+        evals_per_epoch: 4.0,
+        train_examples: FASHION_MNIST_TRAIN,
+        target: 0.85,
+        configs: link_configs(),
+    }
 }
 
 fn suites() -> Vec<Suite> {
@@ -139,6 +250,7 @@ fn suites() -> Vec<Suite> {
             base: "--model softmax --lr 0.02 --lr-schedule cosine --workers 2 --batch 128",
             epochs: 10.0,
             evals_per_epoch: 2.0,
+            train_examples: FASHION_MNIST_TRAIN,
             target: 0.82,
             configs: vec![
                 config("f32", "--codec f32"),
@@ -160,6 +272,7 @@ fn suites() -> Vec<Suite> {
             base: MLP_BSP,
             epochs: 10.0,
             evals_per_epoch: 1.0,
+            train_examples: FASHION_MNIST_TRAIN,
             target: 0.87,
             configs: vec![config("f32", "--codec f32")]
                 .into_iter()
@@ -179,6 +292,7 @@ fn suites() -> Vec<Suite> {
             base: MLP_BSP,
             epochs: 5.0,
             evals_per_epoch: 1.0,
+            train_examples: FASHION_MNIST_TRAIN,
             target: 0.86,
             configs: bsp_and_ssp_configs()
                 .into_iter()
@@ -195,9 +309,32 @@ fn suites() -> Vec<Suite> {
             base: "--model mlp:256 --lr 0.05 --workers 4 --batch 256 --straggler-prob 0.1 --straggler-factor 4",
             epochs: 3.0,
             evals_per_epoch: 8.0,
+            train_examples: FASHION_MNIST_TRAIN,
             target: 0.84,
             configs: bsp_and_ssp_configs().into(),
         },
+        link_suite(
+            "links-100",
+            "Time to accuracy over a 100 Mbit/s link, MLP",
+            "--model mlp:256 --lr 0.05 --workers 2 --batch 128 --link-mbps 100",
+        ),
+        link_suite(
+            "links-1000",
+            "Time to accuracy over a 1 Gbit/s link, MLP",
+            "--model mlp:256 --lr 0.05 --workers 2 --batch 128 --link-mbps 1000",
+        ),
+        sparse_link_suite(
+            "links-sparse-100",
+            "Time to accuracy over a 100 Mbit/s link, wide & deep",
+            "--dataset adult --model wide-deep:32:64 --optimizer adagrad --lr 0.05 --workers 2 \
+             --batch 128 --link-mbps 100",
+        ),
+        sparse_link_suite(
+            "links-sparse-1000",
+            "Time to accuracy over a 1 Gbit/s link, wide & deep",
+            "--dataset adult --model wide-deep:32:64 --optimizer adagrad --lr 0.05 --workers 2 \
+             --batch 128 --link-mbps 1000",
+        ),
         Suite {
             name: "balance",
             title: "A persistently slow worker: BSP with and without balanced batches",
@@ -210,6 +347,7 @@ fn suites() -> Vec<Suite> {
             base: "--model mlp:256 --lr 0.1 --workers 2 --batch 4096 --slow-worker 2",
             epochs: 15.0,
             evals_per_epoch: 1.5,
+            train_examples: FASHION_MNIST_TRAIN,
             target: 0.83,
             configs: vec![config("BSP", ""), config("BSP + balance", "--balance")],
         },
@@ -228,6 +366,14 @@ pub struct RunResult {
     pub auc: Option<f64>,
     pub wire_bytes_per_step: f64,
     pub raw_bytes_per_step: f64,
+    /// What the evaluating worker's steps pulled per clock, on the wire and as f32.
+    #[serde(default)]
+    pub pull_wire_bytes_per_step: f64,
+    #[serde(default)]
+    pub pull_raw_bytes_per_step: f64,
+    /// The evaluating worker's mean milliseconds per step, by phase.
+    #[serde(default)]
+    pub phase_ms_per_step: PhaseMs,
     /// The evaluating worker's training time (evaluations left out), and the time at its
     /// first evaluation at or above the suite's target.
     pub train_s: f64,
@@ -370,13 +516,18 @@ async fn run_one(
         .join(format!("seed{seed}"));
     let flags = run_flags(a, suite, c, seed);
     let fin = dir.join("final.json");
+    // A finished run directory stands for this run only if it ran with these flags (the
+    // file is written once the run has finished).
+    let flags_file = dir.join("flags.txt");
+    let finished = fin.exists()
+        && std::fs::read_to_string(&flags_file).is_ok_and(|f| f.trim() == flags.join(" "));
     if !a.rerun
-        && !fin.exists()
+        && !finished
         && let Some(r) = stored(previous, suite, c, seed, &flags)
     {
         return Ok(r.clone());
     }
-    if a.rerun || !fin.exists() {
+    if a.rerun || !finished {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).with_context(|| format!("clearing {}", dir.display()))?;
         }
@@ -395,6 +546,9 @@ async fn run_one(
         crate::local::run(&cli.local)
             .await
             .with_context(|| format!("{} / {} / seed {seed}", suite.name, c.label))?;
+        remove_shard_data(&dir)?;
+        std::fs::write(&flags_file, flags.join(" "))
+            .with_context(|| format!("writing {}", flags_file.display()))?;
     }
     let fin: FinalRecord = serde_json::from_slice(
         &std::fs::read(&fin).with_context(|| format!("reading {}", fin.display()))?,
@@ -413,6 +567,9 @@ async fn run_one(
         auc: fin.eval.auc,
         wire_bytes_per_step: fin.wire_bytes_per_step,
         raw_bytes_per_step: fin.raw_bytes_per_step,
+        pull_wire_bytes_per_step: fin.pull_wire_bytes_per_step,
+        pull_raw_bytes_per_step: fin.pull_raw_bytes_per_step,
+        phase_ms_per_step: fin.phase_ms_per_step,
         train_s: fin.eval.train_s,
         time_to_target_s: evals
             .iter()
@@ -422,12 +579,27 @@ async fn run_one(
     })
 }
 
+/// Removes a finished run's shard data directories: the report reads only `final.json` and
+/// `eval.jsonl` (the model is in `model.safetensors`), and each shard holds a push log
+/// reserved whole on disk (1 GiB by default), so a suite's runs would otherwise fill it.
+fn remove_shard_data(run: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(run).with_context(|| format!("listing {}", run.display()))? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with("shard-") && entry.path().is_dir() {
+            std::fs::remove_dir_all(entry.path())
+                .with_context(|| format!("removing {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// The `psctl local` flags of one run.
 fn run_flags(a: &ExperimentArgs, suite: &Suite, c: &Config, seed: u64) -> Vec<String> {
-    let epochs = suite.epochs * a.epochs_scale;
-    // Fashion-MNIST's 60,000 training examples.
+    let epochs = suite.epochs * c.epochs_factor * a.epochs_scale;
     let batch: f64 = flag(suite.base, "--batch").unwrap_or(128.0);
-    let eval_every = (60_000.0 / batch / suite.evals_per_epoch).round().max(1.0);
+    let eval_every = (suite.train_examples / batch / suite.evals_per_epoch)
+        .round()
+        .max(1.0);
     let mut flags: Vec<String> = suite
         .base
         .split_whitespace()
@@ -498,6 +670,9 @@ struct Row {
     ttt: (f64, f64),
     reached: usize,
     train_s: f64,
+    pull_wire: f64,
+    pull_raw: f64,
+    phases: PhaseMs,
 }
 
 fn rows(suite: &Suite, results: &[RunResult]) -> Vec<Row> {
@@ -511,6 +686,7 @@ fn rows(suite: &Suite, results: &[RunResult]) -> Vec<Row> {
                 .collect();
             let col = |f: fn(&RunResult) -> f64| runs.iter().map(|r| f(r)).collect::<Vec<_>>();
             let ttt: Vec<f64> = runs.iter().filter_map(|r| r.time_to_target_s).collect();
+            let phase = |f: fn(&PhaseMs) -> f64| mean_std(&col_phase(&runs, f)).0;
             Row {
                 label: c.label,
                 runs: runs.len(),
@@ -520,9 +696,104 @@ fn rows(suite: &Suite, results: &[RunResult]) -> Vec<Row> {
                 ttt: mean_std(&ttt),
                 reached: ttt.len(),
                 train_s: mean_std(&col(|r| r.train_s)).0,
+                pull_wire: mean_std(&col(|r| r.pull_wire_bytes_per_step)).0,
+                pull_raw: mean_std(&col(|r| r.pull_raw_bytes_per_step)).0,
+                phases: PhaseMs {
+                    pull: phase(|p| p.pull),
+                    data: phase(|p| p.data),
+                    compute: phase(|p| p.compute),
+                    encode: phase(|p| p.encode),
+                    push: phase(|p| p.push),
+                    wait: phase(|p| p.wait),
+                },
             }
         })
         .collect()
+}
+
+fn col_phase(runs: &[&RunResult], f: fn(&PhaseMs) -> f64) -> Vec<f64> {
+    runs.iter().map(|r| f(&r.phase_ms_per_step)).collect()
+}
+
+/// Whether a suite compares time to accuracy over an emulated link.
+fn is_link_suite(suite: &Suite) -> bool {
+    suite.name.starts_with("links-")
+}
+
+/// The time each configuration's runs took to reach `bar` test accuracy: mean over the seeds
+/// that reached it, and how many did.
+fn time_to(suite: &Suite, label: &str, results: &[RunResult], bar: f64) -> (f64, usize, usize) {
+    let runs: Vec<&RunResult> = results
+        .iter()
+        .filter(|r| r.suite == suite.name && r.config == label)
+        .collect();
+    let times: Vec<f64> = runs
+        .iter()
+        .filter_map(|r| r.curve.iter().find(|&&(_, a)| a >= bar).map(|&(t, _)| t))
+        .collect();
+    (mean_std(&times).0, times.len(), runs.len())
+}
+
+/// A link suite's bar: f32's mean final accuracy less half a point.
+fn link_bar(rows: &[Row]) -> Option<f64> {
+    rows.iter()
+        .find(|r| r.label == F32_BOTH && r.runs > 0)
+        .map(|f| f.acc.0 - 0.005)
+}
+
+/// The link suites' second table: bytes each way, the time to f32's accuracy and the speed-up,
+/// and where a step's time goes.
+fn link_table(
+    md: &mut String,
+    epochs_scale: f64,
+    suite: &Suite,
+    rows: &[Row],
+    results: &[RunResult],
+) {
+    let Some(bar) = link_bar(rows) else {
+        return;
+    };
+    let (f32_time, ..) = time_to(suite, F32_BOTH, results, bar);
+    let _ = writeln!(
+        md,
+        "\nTime to f32's final accuracy less half a point ({}), and where a step's time goes \
+         (mean ms per step of the evaluating worker):\n",
+        pct(bar)
+    );
+    let _ = writeln!(
+        md,
+        "| configuration | epochs | pushed / step | pulled / step | time to {} | speed-up over f32 | pull | compute | encode | push | wait |",
+        pct(bar)
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+    for (r, c) in rows.iter().zip(&suite.configs) {
+        let (t, reached, runs) = time_to(suite, c.label, results, bar);
+        let (time, speedup) = if reached == 0 {
+            ("not reached".to_owned(), "-".to_owned())
+        } else {
+            let of = if reached < runs {
+                format!(" ({reached}/{runs} reached)")
+            } else {
+                String::new()
+            };
+            (format!("{t:.1} s{of}"), format!("{:.2}x", f32_time / t))
+        };
+        let p = &r.phases;
+        let _ = writeln!(
+            md,
+            "| {} | {} | {:.0} B | {:.0} B ({:.0}) | {time} | {speedup} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            r.label,
+            suite.epochs * c.epochs_factor * epochs_scale,
+            r.wire,
+            r.pull_wire,
+            r.pull_raw,
+            p.pull,
+            p.compute,
+            p.encode,
+            p.push,
+            p.wait,
+        );
+    }
 }
 
 /// Test accuracy against training time, the first seed of every configuration.
@@ -556,10 +827,47 @@ struct Check {
     met: bool,
 }
 
-fn checks(suite: &Suite, rows: &[Row]) -> Vec<Check> {
+fn checks(suite: &Suite, rows: &[Row], results: &[RunResult]) -> Vec<Check> {
     let find = |l: &str| rows.iter().find(|r| r.label == l && r.runs > 0);
     let mut out = Vec::new();
     match suite.name {
+        _ if is_link_suite(suite) => {
+            let Some(bar) = link_bar(rows) else {
+                return out;
+            };
+            let (f32_time, f32_reached, f32_runs) = time_to(suite, F32_BOTH, results, bar);
+            // At 100 Mbit/s top-k with compressed pulls must reach the bar 5x sooner; at
+            // 1 Gbit/s no configuration may be slower than f32.
+            let (wanted, labels): (f64, &[&str]) = if flag(suite.base, "--link-mbps") == Some(100.0)
+            {
+                (5.0, &[TOPK_FP16_PULL, TOPK_DELTA_PULL])
+            } else {
+                (1.0, &[FP16_BOTH, TOPK_FP16_PULL, TOPK_DELTA_PULL])
+            };
+            for &label in labels {
+                let (t, reached, runs) = time_to(suite, label, results, bar);
+                if runs == 0 {
+                    continue;
+                }
+                let all = reached == runs && f32_reached == f32_runs;
+                out.push(Check {
+                    target: format!(
+                        "{label} reaches f32's final accuracy less 0.5 points ({}) ≥ {wanted}x as soon",
+                        pct(bar)
+                    ),
+                    measured: if reached == 0 {
+                        format!("not reached ({runs} runs)")
+                    } else {
+                        format!(
+                            "{:.2}x ({t:.1} s against {f32_time:.1} s; {reached}/{runs} and \
+                             {f32_reached}/{f32_runs} runs reached it)",
+                            f32_time / t
+                        )
+                    },
+                    met: all && f32_time / t >= wanted,
+                });
+            }
+        }
         "codecs" | "codecs-mlp" => {
             let limit = if suite.name == "codecs" { 0.5 } else { 1.0 };
             let Some(f) = find("f32") else {
@@ -735,7 +1043,10 @@ fn report(a: &ExperimentArgs, suites: &[Suite], results: &[RunResult]) -> String
                 }
             );
         }
-        let checks = checks(suite, &rows);
+        if is_link_suite(suite) {
+            link_table(&mut md, a.epochs_scale, suite, &rows, results);
+        }
+        let checks = checks(suite, &rows, results);
         if !checks.is_empty() {
             let _ = writeln!(md, "\n| target | measured | met |\n|---|---|---|");
             for c in checks {
@@ -774,7 +1085,11 @@ mod tests {
                 argv.extend(s.base.split_whitespace().chain(c.flags.split_whitespace()));
                 let cli = LocalCli::try_parse_from(&argv)
                     .unwrap_or_else(|e| panic!("{} / {}: {e}", s.name, c.label));
-                assert_eq!(cli.local.dataset, "fashion-mnist");
+                assert!(
+                    ["fashion-mnist", "adult"].contains(&cli.local.dataset.as_str()),
+                    "{}",
+                    cli.local.dataset
+                );
             }
         }
     }

@@ -62,6 +62,10 @@ pub struct LocalArgs {
     /// The gradient codec of every table (f32, fp16, bf16, int8, sign, qsgd, topk:0.01, ...).
     #[arg(long, default_value = "f32")]
     pub codec: String,
+    /// How every table's pulls come back: f32, fp16, bf16, or delta-topk:R (dense tables as
+    /// the top R of each chunk's change since the worker's last pull; sparse tables in f32).
+    #[arg(long, default_value = "f32")]
+    pub pull_codec: String,
     /// Give workers batches in proportion to their measured throughput.
     #[arg(long)]
     pub balance: bool,
@@ -402,6 +406,7 @@ seed = {seed}
 optimizer = "{optimizer}"
 learning_rate = {lr}
 codec = "{codec}"
+pull_codec = "{pull_codec}"
 "#,
         name = a.name,
         consistency = a.consistency,
@@ -426,6 +431,7 @@ codec = "{codec}"
         },
         lr = a.lr,
         codec = a.codec,
+        pull_codec = a.pull_codec,
     )
 }
 

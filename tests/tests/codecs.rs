@@ -3,7 +3,7 @@
 //! the gradient, pulls come back in f16 or bf16, and the wire bytes are counted.
 
 use ps_client::{
-    ClientConfig, Codec, CompressOptions, Lz4Policy, PsClient, SparseValues, TableCodec,
+    ClientConfig, Codec, CompressOptions, Lz4Policy, PsClient, PullCodec, SparseValues, TableCodec,
 };
 use ps_codec::{Encoded, Encoder};
 use ps_core::payload::encoding_to_pb;
@@ -488,7 +488,11 @@ async fn pulls_in_half_precision_and_wire_metrics() {
             ps.set_table_codec(
                 table,
                 TableCodec {
-                    pull,
+                    pull: if pull == Encoding::F16 {
+                        PullCodec::F16
+                    } else {
+                        PullCodec::Bf16
+                    },
                     ..TableCodec::default()
                 },
             )
@@ -615,7 +619,7 @@ async fn delta_pulls_converge_and_resync() {
         let mut cfg = ClientConfig::new(cluster.endpoints.clone());
         cfg.client_id = Some(4242);
         cfg.codec = TableCodec {
-            pull_delta: Some(0.1),
+            pull: PullCodec::DeltaTopK { ratio: 0.1 },
             ..TableCodec::default()
         };
         cfg

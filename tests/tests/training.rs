@@ -364,6 +364,92 @@ async fn ssp_with_the_cache_rule_pulls_less_and_trains() {
     );
 }
 
+/// Compressed pulls in training: with top-k pushes (momentum correction) a job trains with
+/// fp16 pulls under BSP and with delta top-k pulls under SSP's cache rule, and the workers'
+/// records show what the pulls brought: half of f32 in fp16, a fraction in delta top-k, every
+/// value of the model covered either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_pulls_train_and_bring_fewer_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |pull: &'static str, extra: &'static [&'static str], sub: &str| {
+        let dir = dir.path().join(sub);
+        let mut args = vec![
+            "--dataset",
+            DATA,
+            "--model",
+            "mlp:16",
+            "--epochs",
+            "3",
+            "--batch",
+            "64",
+            "--codec",
+            "topk:0.1",
+            "--momentum-correction",
+            "--pull-codec",
+            pull,
+        ];
+        args.extend(extra);
+        local(&args, &dir)
+    };
+    // The model's values: w0 16x16, b0 16, w1 16x4, b1 4.
+    let model_bytes = 4.0 * (16.0 * 16.0 + 16.0 + 16.0 * 4.0 + 4.0);
+    let fp16 = ps_cli::local::run(&run("fp16", &[], "fp16")).await.unwrap();
+    let delta = ps_cli::local::run(&run(
+        "delta-topk:0.1",
+        &[
+            "--consistency",
+            "ssp",
+            "--staleness",
+            "3",
+            "--ssp-refresh",
+            "bound",
+        ],
+        "delta",
+    ))
+    .await
+    .unwrap();
+    for (name, o) in [("fp16", &fp16), ("delta", &delta)] {
+        let r = &o.result;
+        eprintln!(
+            "{name}: test accuracy {:.3}, pulled {:.0} B per step of {:.0} ({} dense pulls in {} clocks)",
+            r.eval.test_accuracy,
+            r.pull_wire_bytes_per_step,
+            r.pull_raw_bytes_per_step,
+            r.dense_pulls,
+            r.clocks
+        );
+        assert!(r.eval.test_accuracy > 0.82, "{name}: {:?}", r.eval);
+        assert!(
+            r.phase_ms_per_step.pull > 0.0,
+            "{name}: {:?}",
+            r.phase_ms_per_step
+        );
+    }
+    // Under BSP every step pulls the whole model.
+    let f = &fp16.result;
+    assert!(
+        (f.pull_raw_bytes_per_step - model_bytes).abs() < 1.0,
+        "{} against {model_bytes}",
+        f.pull_raw_bytes_per_step
+    );
+    let ratio = f.pull_wire_bytes_per_step / f.pull_raw_bytes_per_step;
+    assert!((0.49..=0.51).contains(&ratio), "fp16 pulls: {ratio}");
+    // Delta pulls at 10% bring a fraction of the values' f32 bytes (the first pull of each
+    // chunk comes whole).
+    let d = &delta.result;
+    assert!(d.pull_raw_bytes_per_step > 0.0, "{d:?}");
+    let ratio = d.pull_wire_bytes_per_step / d.pull_raw_bytes_per_step;
+    assert!(ratio < 0.3, "delta pulls: {ratio}");
+    // A step's record says what it pulled.
+    let steps = std::fs::read_to_string(delta.run_dir.join("steps-w1.jsonl")).unwrap();
+    let first: serde_json::Value = serde_json::from_str(steps.lines().next().unwrap()).unwrap();
+    assert_eq!(
+        first["pull_raw_bytes"].as_f64(),
+        Some(model_bytes),
+        "{first}"
+    );
+}
+
 /// Eviction by job clocks end to end: a worker trains logistic regression on Zipf ids, its
 /// pushes carry their clocks, and the shard keeps only the rows pushed in the last
 /// `ttl_clocks` clocks of the job (the model's `wide` table, listed in the job file with the

@@ -62,6 +62,11 @@ pub struct WorkerConfig {
     /// buys; training is worse without it).
     #[arg(long = "no-error-feedback", action = clap::ArgAction::SetFalse)]
     pub error_feedback: bool,
+    /// How this worker pulls every table, in place of the job's pull codecs: f32, fp16, bf16,
+    /// or delta-topk:R (dense tables as the top R of each chunk's change since this worker's
+    /// last pull; sparse tables then pull in f32).
+    #[arg(long, env = "PS_PULL_CODEC")]
+    pub pull_codec: Option<ps_client::PullCodec>,
     /// Momentum applied here before the codec (Deep Gradient Compression's momentum
     /// correction: the worker pushes its velocity u = m u + g and the job's tables use plain
     /// SGD, so what a sparse codec holds back is momentum, not raw gradient). 0: off.
@@ -161,6 +166,14 @@ mod tests {
                 .unwrap_err();
             assert!(e.to_string().contains(flag), "{flag}: {e}");
         }
+        assert_eq!(
+            parse(&["--job", "j", "--pull-codec", "delta-topk:0.1"])
+                .unwrap()
+                .pull_codec,
+            Some(ps_client::PullCodec::DeltaTopK { ratio: 0.1 })
+        );
+        let e = parse(&["--job", "j", "--pull-codec", "int8"]).unwrap_err();
+        assert!(e.to_string().contains("not a pull codec"), "{e}");
         let d = parse(&["--job", "j", "--name", "w"]).unwrap();
         assert_eq!((d.name.as_str(), d.prefetch_depth), ("w", 4));
         d.check().unwrap();

@@ -49,6 +49,9 @@ pub struct StepFigures {
     pub accuracy: f64,
     pub wire_bytes: u64,
     pub raw_bytes: u64,
+    /// What the step's pulls brought, on the wire and as f32.
+    pub pull_wire_bytes: u64,
+    pub pull_raw_bytes: u64,
     pub times: StepTimes,
 }
 
@@ -93,6 +96,14 @@ impl WorkerMetrics {
             "ps_worker_push_raw_bytes_total",
             "Bytes the worker's pushes would be as plain f32."
         );
+        describe_counter!(
+            "ps_worker_pull_wire_bytes_total",
+            "Bytes the worker's training pulls took on the wire (after the pull codec)."
+        );
+        describe_counter!(
+            "ps_worker_pull_raw_bytes_total",
+            "Bytes the worker's training pulls would be as plain f32."
+        );
         describe_gauge!(
             "ps_worker_step_wire_bytes",
             "Bytes the last step's pushes put on the wire."
@@ -112,6 +123,8 @@ impl WorkerMetrics {
             "ps_worker_examples_total",
             "ps_worker_push_wire_bytes_total",
             "ps_worker_push_raw_bytes_total",
+            "ps_worker_pull_wire_bytes_total",
+            "ps_worker_pull_raw_bytes_total",
         ] {
             counter!(name, &m.labels).absolute(0);
         }
@@ -152,6 +165,8 @@ impl WorkerMetrics {
         gauge!("ps_worker_clock", l).set(f.clock as f64);
         counter!("ps_worker_push_wire_bytes_total", l).increment(f.wire_bytes);
         counter!("ps_worker_push_raw_bytes_total", l).increment(f.raw_bytes);
+        counter!("ps_worker_pull_wire_bytes_total", l).increment(f.pull_wire_bytes);
+        counter!("ps_worker_pull_raw_bytes_total", l).increment(f.pull_raw_bytes);
         gauge!("ps_worker_step_wire_bytes", l).set(f.wire_bytes as f64);
         if f.wire_bytes > 0 {
             gauge!("ps_worker_compression_ratio", l).set(f.raw_bytes as f64 / f.wire_bytes as f64);

@@ -36,6 +36,11 @@ pub struct Summary {
     pub examples: u64,
     pub wire_bytes: u64,
     pub raw_bytes: u64,
+    /// Bytes the training steps pulled, on the wire and as f32 (evaluations left out).
+    pub pull_wire_bytes: u64,
+    pub pull_raw_bytes: u64,
+    /// Milliseconds of the steps, summed, by phase.
+    pub phases: PhaseMs,
     pub dense_pulls: u64,
     pub final_eval: Option<EvalRecord>,
 }
@@ -55,9 +60,57 @@ pub struct StepRecord {
     pub wait_ms: f64,
     /// Time the trainer waited for the prefetcher.
     pub data_wait_ms: f64,
+    /// Pulling the dense tables and the batch's rows.
+    #[serde(default)]
+    pub pull_ms: f64,
+    /// Encoding the gradients (codec and error feedback).
+    #[serde(default)]
+    pub encode_ms: f64,
+    /// Sending the pushes, encoding aside.
+    #[serde(default)]
+    pub push_ms: f64,
+    /// Pushed bytes on the wire and as f32.
     pub wire_bytes: u64,
     pub raw_bytes: u64,
+    /// Pulled bytes on the wire and as f32.
+    #[serde(default)]
+    pub pull_wire_bytes: u64,
+    #[serde(default)]
+    pub pull_raw_bytes: u64,
     pub elapsed_s: f64,
+}
+
+/// Milliseconds by phase of a step (summed over steps, or their mean).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct PhaseMs {
+    pub pull: f64,
+    pub data: f64,
+    pub compute: f64,
+    pub encode: f64,
+    pub push: f64,
+    pub wait: f64,
+}
+
+impl PhaseMs {
+    fn add(&mut self, r: &StepRecord) {
+        self.pull += r.pull_ms;
+        self.data += r.data_wait_ms;
+        self.compute += r.compute_ms;
+        self.encode += r.encode_ms;
+        self.push += r.push_ms;
+        self.wait += r.wait_ms;
+    }
+
+    fn scaled(self, by: f64) -> Self {
+        Self {
+            pull: self.pull * by,
+            data: self.data * by,
+            compute: self.compute * by,
+            encode: self.encode * by,
+            push: self.push * by,
+            wait: self.wait * by,
+        }
+    }
 }
 
 /// One evaluation on the test set.
@@ -96,6 +149,14 @@ pub struct FinalRecord {
     pub wire_bytes_per_step: f64,
     pub raw_bytes_per_step: f64,
     pub dense_pulls: u64,
+    /// Bytes the evaluating worker's steps pulled per clock, on the wire and as f32.
+    #[serde(default)]
+    pub pull_wire_bytes_per_step: f64,
+    #[serde(default)]
+    pub pull_raw_bytes_per_step: f64,
+    /// Where the evaluating worker's step time went, mean milliseconds per clock.
+    #[serde(default)]
+    pub phase_ms_per_step: PhaseMs,
 }
 
 /// Writes a run directory (or nothing, without one), and keeps the worker's totals.
@@ -165,6 +226,9 @@ impl RunDir {
         s.examples += r.examples as u64;
         s.wire_bytes += r.wire_bytes;
         s.raw_bytes += r.raw_bytes;
+        s.pull_wire_bytes += r.pull_wire_bytes;
+        s.pull_raw_bytes += r.pull_raw_bytes;
+        s.phases.add(r);
         if let Some(w) = &mut self.steps {
             serde_json::to_writer(&mut *w, r)?;
             w.write_all(b"\n")?;
@@ -217,6 +281,9 @@ impl RunDir {
             wire_bytes_per_step: summary.wire_bytes as f64 / clocks,
             raw_bytes_per_step: summary.raw_bytes as f64 / clocks,
             dense_pulls: summary.dense_pulls,
+            pull_wire_bytes_per_step: summary.pull_wire_bytes as f64 / clocks,
+            pull_raw_bytes_per_step: summary.pull_raw_bytes as f64 / clocks,
+            phase_ms_per_step: summary.phases.scaled(1.0 / clocks),
         };
         std::fs::write(dir.join("job.json"), serde_json::to_vec_pretty(spec)?)?;
         export_model(&dir.join("model.safetensors"), ps, net, spec).await?;
@@ -242,7 +309,7 @@ pub async fn export_model<B: Backend + Clone>(
             Some(TableKind::Dense(d)) => d.shape.iter().map(|&x| x as usize).collect(),
             _ => continue,
         };
-        let values = ps.pull_dense(name).await?;
+        let values = ps.pull_dense_f32(name).await?;
         tensors.push((name.clone(), shape, values));
     }
     let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors

@@ -156,6 +156,32 @@ async fn train_on<B: Backend + Clone>(
             ps.set_table_codec(t, codec)?;
         }
     }
+    if let Some(pull) = cfg.pull_codec {
+        for (t, _) in net.dense_tables() {
+            ps.set_table_codec(
+                t,
+                ps_client::TableCodec {
+                    pull,
+                    ..ps.table_codec(t)?
+                },
+            )?;
+        }
+        // Rows have no chunks to diff: under delta pulls they come in f32.
+        let rows = if pull.delta_ratio().is_some() {
+            ps_client::PullCodec::F32
+        } else {
+            pull
+        };
+        for (t, _) in net.sparse_tables() {
+            ps.set_table_codec(
+                t,
+                ps_client::TableCodec {
+                    pull: rows,
+                    ..ps.table_codec(t)?
+                },
+            )?;
+        }
+    }
     let warmup = SparsityWarmup::new(&ps, &tables, cfg.sparsity_warmup)?;
     let rng = Xoshiro256PlusPlus::seed_from_u64(ps_core::hash::combine(
         seed,
@@ -280,6 +306,7 @@ impl<B: Backend + Clone> Trainer<B> {
                 ps_job = %spec.name,
             );
             let mut times = StepTimes::default();
+            let pulled_before = self.ps.pulled_bytes();
             // The clock this step's sparse pushes carry (tables with ttl_clocks age by it).
             self.ps.set_clock(grant.clock);
             if self.cache.stale(grant.clock) {
@@ -300,6 +327,8 @@ impl<B: Backend + Clone> Trainer<B> {
                     .await?;
                 times.pull += t.elapsed();
             }
+            let pulled = self.ps.pulled_bytes();
+            let (pull_wire, pull_raw) = (pulled.0 - pulled_before.0, pulled.1 - pulled_before.1);
             // Scale so the sum over every worker's push is the mean over the global batch.
             let global = if spec.global_batch > 0 {
                 spec.global_batch as f32
@@ -352,6 +381,8 @@ impl<B: Backend + Clone> Trainer<B> {
                 accuracy: correct as f64 / batch.len().max(1) as f64,
                 wire_bytes: pushed.wire_bytes,
                 raw_bytes: pushed.raw_bytes,
+                pull_wire_bytes: pull_wire,
+                pull_raw_bytes: pull_raw,
                 times,
             });
             self.run.step(&StepRecord {
@@ -364,8 +395,13 @@ impl<B: Backend + Clone> Trainer<B> {
                 compute_ms: compute.as_secs_f64() * 1e3,
                 wait_ms: wait.as_secs_f64() * 1e3,
                 data_wait_ms: waited_data.as_secs_f64() * 1e3,
+                pull_ms: times.pull.as_secs_f64() * 1e3,
+                encode_ms: times.encode.as_secs_f64() * 1e3,
+                push_ms: times.push.as_secs_f64() * 1e3,
                 wire_bytes: pushed.wire_bytes,
                 raw_bytes: pushed.raw_bytes,
+                pull_wire_bytes: pull_wire,
+                pull_raw_bytes: pull_raw,
                 elapsed_s: self.started.elapsed().as_secs_f64(),
             })?;
             let due = if self.cfg.eval_every > 0 {
@@ -411,16 +447,24 @@ impl<B: Backend + Clone> Trainer<B> {
     /// Pulls every dense table into the model (and the cache), the job's minimum clock being
     /// `min_clock`.
     async fn pull_dense(&mut self, min_clock: u64) -> anyhow::Result<()> {
-        self.refresh_dense().await?;
+        self.refresh_dense(false).await?;
         self.cache.pulled_at(min_clock);
         Ok(())
     }
 
-    /// Pulls every dense table into the model and the cached copy.
-    async fn refresh_dense(&mut self) -> anyhow::Result<()> {
+    /// Pulls every dense table into the model and the cached copy, under the tables' pull
+    /// codecs, or `exact`ly (f32, for evaluating what the shards hold).
+    async fn refresh_dense(&mut self, exact: bool) -> anyhow::Result<()> {
         let tables = self.net.dense_tables().to_vec();
         let ps = &self.ps;
-        let pulled = try_join_all(tables.iter().map(|(t, _)| ps.pull_dense(t))).await?;
+        let pulled = try_join_all(tables.iter().map(|(t, _)| async move {
+            if exact {
+                ps.pull_dense_f32(t).await
+            } else {
+                ps.pull_dense(t).await
+            }
+        }))
+        .await?;
         for ((t, _), v) in tables.iter().zip(&pulled) {
             self.net.set_dense(t, v)?;
         }
@@ -518,7 +562,7 @@ impl<B: Backend + Clone> Trainer<B> {
     ) -> anyhow::Result<EvalRecord> {
         let eval_start = Instant::now();
         let train_s = (self.started.elapsed().saturating_sub(self.eval_time)).as_secs_f64();
-        self.refresh_dense().await?;
+        self.refresh_dense(true).await?;
         let test = self.split.test.clone();
         let mut batch = Batch::empty(test.input());
         let (mut loss, mut correct) = (0.0, 0usize);

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use parking_lot::Mutex;
-use ps_codec::{Codec, CompressOptions, Encoder, ErrorFeedback, RowErrorFeedback};
+use ps_codec::{Codec, CompressOptions, Encoder, ErrorFeedback, PullCodec, RowErrorFeedback};
 use ps_core::{Encoding, TableName};
 
 use crate::admin::table_name;
@@ -16,19 +16,17 @@ use crate::{ClientError, PsClient};
 pub struct TableCodec {
     /// Gradients pushed: the codec, the size below which values go as f32, lz4.
     pub push: CompressOptions,
-    /// Values pulled: f32, f16 or bf16.
-    pub pull: Encoding,
-    /// Dense pulls as the top `ratio` of each chunk's change since this client's last pull
-    /// (the shard keeps a replica per client; the rest of the change comes in later pulls).
-    pub pull_delta: Option<f64>,
+    /// Values pulled: f32, fp16 or bf16, or dense pulls as the top `ratio` of each chunk's
+    /// change since this client's last pull (the shard keeps a replica per client; the rest of
+    /// the change comes in later pulls).
+    pub pull: PullCodec,
 }
 
 impl Default for TableCodec {
     fn default() -> Self {
         Self {
             push: CompressOptions::default(),
-            pull: Encoding::F32,
-            pull_delta: None,
+            pull: PullCodec::F32,
         }
     }
 }
@@ -36,7 +34,11 @@ impl Default for TableCodec {
 impl TableCodec {
     /// Bytes a pulled value takes on the wire, for sizing pull requests.
     pub(crate) fn pull_bytes_per_value(&self) -> f64 {
-        if self.pull == Encoding::F32 { 4.0 } else { 2.0 }
+        if self.pull.encoding() == Encoding::F32 {
+            4.0
+        } else {
+            2.0
+        }
     }
 
     pub(crate) fn check(&self) -> Result<(), ClientError> {
@@ -44,20 +46,9 @@ impl TableCodec {
             .codec
             .validate()
             .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
-        if let Some(r) = self.pull_delta
-            && !(r > 0.0 && r <= 1.0)
-        {
-            return Err(ClientError::InvalidInput(format!(
-                "pull_delta ratio {r} is outside (0, 1]"
-            )));
-        }
-        if !matches!(self.pull, Encoding::F32 | Encoding::F16 | Encoding::Bf16) {
-            return Err(ClientError::InvalidInput(format!(
-                "pulls come as f32, f16 or bf16, not {}",
-                self.pull
-            )));
-        }
-        Ok(())
+        self.pull
+            .validate()
+            .map_err(|e| ClientError::InvalidInput(e.to_string()))
     }
 }
 

@@ -70,8 +70,11 @@ impl PsClient {
             .buffer_unordered(self.inner.cfg.max_in_flight)
             .collect::<Vec<_>>()
             .await;
+        let codec_name = format!("delta-topk:{ratio}");
         for answer in answers {
             let (resp, _) = answer?;
+            let (wire, values) = crate::dense::slice_bytes(&resp.slices);
+            self.inner.count_pull(&table, &codec_name, wire, values);
             if resp.is_delta.len() != resp.slices.len() || resp.versions.len() != resp.slices.len()
             {
                 return Err(ClientError::Protocol(

@@ -14,7 +14,7 @@ use ps_proto::v1 as pb;
 use crate::bulk;
 use crate::compress::Sender;
 use crate::push::{EncodedSlice, settle, wire_metric};
-use crate::{ClientError, PsClient, PushSummary};
+use crate::{ClientError, PsClient, PullCodec, PushSummary, TableCodec};
 
 impl PsClient {
     /// Pushes a gradient for the whole dense tensor `name`.
@@ -213,11 +213,29 @@ impl PsClient {
         self.pull_dense_chunks(name, 0..shape.num_chunks()).await
     }
 
+    /// Pulls the whole dense tensor `name` exactly, in f32, whatever the table's pull codec
+    /// (for evaluating or exporting what the shards hold).
+    pub async fn pull_dense_f32(&self, name: &str) -> Result<Vec<f32>, ClientError> {
+        let (_, shape) = self.dense_spec(name).await?;
+        self.pull_dense_as(name, 0..shape.num_chunks(), Some(PullCodec::F32))
+            .await
+    }
+
     /// Pulls chunks `chunks` of dense tensor `name`, concatenated.
     pub async fn pull_dense_chunks(
         &self,
         name: &str,
         chunks: Range<u64>,
+    ) -> Result<Vec<f32>, ClientError> {
+        self.pull_dense_as(name, chunks, None).await
+    }
+
+    /// Pulls `chunks` of `name` under `codec`, or the table's pull codec.
+    async fn pull_dense_as(
+        &self,
+        name: &str,
+        chunks: Range<u64>,
+        codec: Option<PullCodec>,
     ) -> Result<Vec<f32>, ClientError> {
         let (spec, shape) = self.dense_spec(name).await?;
         if chunks.end > shape.num_chunks() || chunks.start > chunks.end {
@@ -228,13 +246,17 @@ impl PsClient {
         }
         let total: usize = chunks.clone().filter_map(|c| shape.chunk_len(c)).sum();
         let state = self.inner.codecs.state_of(&spec.name);
-        if let Some(ratio) = state.codec.pull_delta {
+        let codec = TableCodec {
+            pull: codec.unwrap_or(state.codec.pull),
+            ..state.codec
+        };
+        if let Some(ratio) = codec.pull.delta_ratio() {
             return self
                 .pull_dense_delta(&spec, &shape, chunks, ratio, &state.replica)
                 .await;
         }
-        let accept = state.codec.pull;
-        let bytes_per_value = state.codec.pull_bytes_per_value();
+        let accept = codec.pull.encoding();
+        let bytes_per_value = codec.pull_bytes_per_value();
         let requests = self.plan_chunks(&spec, &shape, chunks.clone(), bytes_per_value);
         let table = spec.name.to_string();
         let mut out = vec![0.0f32; total];
@@ -249,6 +271,8 @@ impl PsClient {
             .map(Some)
             .collect();
         let plain = accept == ps_core::Encoding::F32;
+        let codec_name = codec.pull.to_string();
+        let (table_ref, codec_ref) = (&table, &codec_name);
         let pulls = requests.into_iter().map(|(shard, chunks_of)| {
             let dsts: Vec<bulk::Dst<'_>> = chunks_of
                 .iter()
@@ -284,10 +308,15 @@ impl PsClient {
                                 && let Some(bulk) = s.bulk()
                                 && bulk.pull_dense(&req, &mut dsts).await?.is_some()
                             {
+                                let values: u64 = dsts.iter().map(|(_, d)| d.len() as u64).sum();
+                                self.inner
+                                    .count_pull(table_ref, codec_ref, values * 4, values);
                                 return Ok(Ok(()));
                             }
                             s.rediscover_bulk().await;
                             let resp = s.grpc.pull_dense(req).await?.into_inner();
+                            let (wire, values) = slice_bytes(&resp.slices);
+                            self.inner.count_pull(table_ref, codec_ref, wire, values);
                             Ok(place_slices(resp.slices, &mut dsts))
                         }
                     })
@@ -301,6 +330,16 @@ impl PsClient {
             .await?;
         Ok(out)
     }
+}
+
+/// A pull answer's payload bytes on the wire and its number of values.
+pub(crate) fn slice_bytes(slices: &[pb::DenseSlice]) -> (u64, u64) {
+    slices
+        .iter()
+        .filter_map(|s| s.values.as_ref())
+        .fold((0, 0), |(w, n), v| {
+            (w + v.data.len() as u64, n + v.num_values)
+        })
 }
 
 /// Decodes a pull's answered slices into the places of the chunks asked for, in order.

@@ -59,7 +59,7 @@ pub use config::{ClientConfig, MapSource};
 pub use error::ClientError;
 pub use link::{Link, LinkChannel};
 pub use model::{Deleted, PushSummary, ShardCheckpoint, ShardInfo};
-pub use ps_codec::{Codec, CompressOptions, Lz4Policy, SparseValues};
+pub use ps_codec::{Codec, CompressOptions, Lz4Policy, PullCodec, SparseValues};
 pub use ps_core::status::{ShardStats, TableStats};
 use seq::SeqTracker;
 use transport::{Inner, Shard, bulk_pool, shard_client};
@@ -114,6 +114,8 @@ impl PsClient {
             link,
             cfg,
             encode_nanos: AtomicU64::new(0),
+            pulled_wire: AtomicU64::new(0),
+            pulled_raw: AtomicU64::new(0),
             clock: AtomicU64::new(u64::MAX),
         };
         let n = this.num_shards;
@@ -193,6 +195,15 @@ impl PsClient {
     /// over its life: what a training step spends on compression.
     pub fn encode_time(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.inner.encode_nanos.load(Ordering::Relaxed))
+    }
+
+    /// Bytes of values this client has pulled, dense and sparse, over its life: on the wire
+    /// (after the table's pull codec) and as f32.
+    pub fn pulled_bytes(&self) -> (u64, u64) {
+        (
+            self.inner.pulled_wire.load(Ordering::Relaxed),
+            self.inner.pulled_raw.load(Ordering::Relaxed),
+        )
     }
 
     /// Sets the job clock this client's sparse pushes carry from now on (tables with

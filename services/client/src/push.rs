@@ -4,6 +4,7 @@
 
 use std::future::Future;
 use std::ops::Range;
+use std::sync::atomic::Ordering;
 
 use futures::stream::{self, StreamExt};
 use ps_codec::Encoded;
@@ -93,11 +94,31 @@ pub(crate) type EncodedSlice = (u64, Range<usize>, Encoded);
 
 /// Counts a payload this client sent, by table and codec.
 pub(crate) fn wire_metric(direction: &'static str, table: &str, codec: &str, e: &Encoded) {
+    count_wire(
+        direction,
+        table,
+        codec,
+        e.data.len() as u64,
+        e.header.num_values * 4,
+    );
+}
+
+fn count_wire(direction: &'static str, table: &str, codec: &str, wire: u64, raw: u64) {
     let labels = [
         ("direction", direction.to_owned()),
         ("table", table.to_owned()),
         ("codec", codec.to_owned()),
     ];
-    metrics::counter!("ps_client_wire_bytes_total", &labels).increment(e.data.len() as u64);
-    metrics::counter!("ps_client_raw_bytes_total", &labels).increment(e.header.num_values * 4);
+    metrics::counter!("ps_client_wire_bytes_total", &labels).increment(wire);
+    metrics::counter!("ps_client_raw_bytes_total", &labels).increment(raw);
+}
+
+impl Inner {
+    /// Counts values this client pulled: `wire` bytes of them on the wire, `values` of them,
+    /// under the table's pull codec `codec`.
+    pub(crate) fn count_pull(&self, table: &str, codec: &str, wire: u64, values: u64) {
+        self.pulled_wire.fetch_add(wire, Ordering::Relaxed);
+        self.pulled_raw.fetch_add(values * 4, Ordering::Relaxed);
+        count_wire("pull", table, codec, wire, values * 4);
+    }
 }

@@ -498,7 +498,7 @@ impl WorkerSession {
         for t in &self.spec.tables {
             let codec = crate::TableCodec {
                 push: ps_codec::CompressOptions::new(t.codec),
-                ..Default::default()
+                pull: t.pull,
             };
             ps.set_table_codec(t.spec.name.as_str(), codec)?;
         }

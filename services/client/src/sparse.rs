@@ -102,7 +102,7 @@ impl PsClient {
     pub async fn pull_sparse(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
         let (spec, dim) = self.sparse_dim(name).await?;
         let codec = self.inner.codecs.get(&spec.name).0;
-        let accept = codec.pull;
+        let accept = codec.pull.encoding();
         let bytes_per_value = codec.pull_bytes_per_value();
         let groups = self.group_ids(&spec, ids, dim, bytes_per_value);
         let table = spec.name.to_string();
@@ -124,7 +124,12 @@ impl PsClient {
             async move { call.await.map(|r| (positions, r)) }
         }))
         .buffer_unordered(self.inner.cfg.max_in_flight);
+        let codec_name = codec.pull.encoding().to_string();
         while let Some((positions, resp)) = answers.try_next().await? {
+            if let Some(v) = &resp.values {
+                self.inner
+                    .count_pull(&table, &codec_name, v.data.len() as u64, v.num_values);
+            }
             let values = resp
                 .values
                 .ok_or_else(|| ClientError::Protocol("PullSparse answered without values".into()))

@@ -47,6 +47,9 @@ pub(crate) struct Inner {
     /// Nanoseconds spent encoding dense pushes (codec and error feedback), over the client's
     /// life.
     pub(crate) encode_nanos: AtomicU64,
+    /// Bytes of pulled values over the client's life: on the wire, and as f32.
+    pub(crate) pulled_wire: AtomicU64,
+    pub(crate) pulled_raw: AtomicU64,
     /// The job clock sparse pushes carry ([`crate::PsClient::set_clock`]); `u64::MAX`: none.
     pub(crate) clock: AtomicU64,
 }

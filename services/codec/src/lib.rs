@@ -12,6 +12,8 @@
 //! - [`ErrorFeedback`] and [`RowErrorFeedback`] (`feedback`): the residual a lossy codec dropped,
 //!   kept by the sender and added to the next gradient; per tensor for dense tables and per row
 //!   for embedding tables.
+//! - [`PullCodec`] (`pull`): how a table's pulls come back: f32, fp16, bf16 or the top-k of
+//!   the change since the client's last pull.
 //! - `quant`, `sparse`, `lz4`: the kernels behind each layout.
 //!
 //! # Layouts (all little-endian)
@@ -34,6 +36,7 @@ compile_error!("the codecs read and write little-endian values on a little-endia
 mod codec;
 mod feedback;
 pub mod lz4;
+mod pull;
 pub mod quant;
 pub mod sparse;
 
@@ -43,6 +46,7 @@ use bytes::Bytes;
 
 pub use codec::{Codec, CompressOptions, Encoder, Lz4Policy, ParseCodecError, SparseValues};
 pub use feedback::{ErrorFeedback, RowErrorFeedback};
+pub use pull::PullCodec;
 
 /// Largest block (bucket) size a header may name.
 pub const MAX_BLOCK: u32 = 1 << 24;

@@ -4,7 +4,7 @@
 
 use std::fmt;
 
-use ps_codec::Codec;
+use ps_codec::{Codec, PullCodec};
 use ps_proto::v1 as pb;
 use serde::{Deserialize, Serialize};
 
@@ -42,11 +42,25 @@ impl fmt::Display for Consistency {
     }
 }
 
-/// A table of a job and the codec its gradients travel in.
+/// A table of a job, the codec its gradients travel in and how its pulls come back.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct JobTable {
     pub spec: TableSpec,
     pub codec: Codec,
+    /// (Absent from state files written before it: f32.)
+    #[serde(default)]
+    pub pull: PullCodec,
+}
+
+impl JobTable {
+    /// A table whose pushes and pulls travel as f32.
+    pub fn plain(spec: TableSpec) -> Self {
+        Self {
+            spec,
+            codec: Codec::default(),
+            pull: PullCodec::default(),
+        }
+    }
 }
 
 /// A validated job spec. The name is the job's id.
@@ -139,6 +153,7 @@ impl JobSpec {
                     format!("table `{}` is listed twice", t.spec.name),
                 ));
             }
+            check_pull(&t.spec, t.pull).map_err(|e| e.within(&format!("tables[{i}]")))?;
         }
         // The model and the dataset are the workers' to interpret; the scheduler only keeps
         // them, so they are bounded and printable.
@@ -210,17 +225,14 @@ impl JobSpec {
                 continue;
             }
             let table = match &shared {
-                None => JobTable {
-                    spec: table,
-                    codec: Codec::default(),
-                },
+                None => JobTable::plain(table),
                 Some(s) => {
                     let spec = if s.sets_optimizer() {
                         table.with_optimizer(s.optimizer()?)?
                     } else {
                         table
                     };
-                    s.finish(spec)?
+                    s.finish(spec, true)?
                 }
             };
             spec.tables.push(table);
@@ -335,7 +347,8 @@ impl TryFrom<pb::JobSpec> for JobSpec {
                     .ok_or_else(|| ValidationError::new(format!("{at}.spec"), "missing"))
                     .and_then(|s| TableSpec::try_from(s).map_err(|e| e.within(&at)))?;
                 let codec = parse_codec(&t.codec).map_err(|e| e.within(&at))?;
-                Ok(JobTable { spec, codec })
+                let pull = parse_pull_codec(&t.pull_codec).map_err(|e| e.within(&at))?;
+                Ok(JobTable { spec, codec, pull })
             })
             .collect::<Result<_, ValidationError>>()?;
         JobSpec {
@@ -357,6 +370,28 @@ impl TryFrom<pb::JobSpec> for JobSpec {
         }
         .validated()
     }
+}
+
+fn parse_pull_codec(text: &str) -> Result<PullCodec, ValidationError> {
+    if text.is_empty() {
+        return Ok(PullCodec::F32);
+    }
+    text.parse::<PullCodec>()
+        .map_err(|e| ValidationError::new("pull_codec", format!("`{text}`: {e}")))
+}
+
+/// Delta pulls are of dense tables: a sparse table's rows have no chunk to diff.
+fn check_pull(spec: &TableSpec, pull: PullCodec) -> Result<(), ValidationError> {
+    if pull.delta_ratio().is_some() && spec.dense_shape().is_none() {
+        return Err(ValidationError::new(
+            "pull_codec",
+            format!(
+                "`{pull}` is for dense tables; sparse table `{}` pulls in f32, fp16 or bf16",
+                spec.name
+            ),
+        ));
+    }
+    Ok(())
 }
 
 fn parse_codec(text: &str) -> Result<Codec, ValidationError> {
@@ -385,6 +420,7 @@ impl From<&JobSpec> for pb::JobSpec {
                 .map(|t| pb::JobTable {
                     spec: Some((&t.spec).into()),
                     codec: t.codec.to_string(),
+                    pull_codec: t.pull.to_string(),
                 })
                 .collect(),
             consistency: consistency as i32,
@@ -432,6 +468,7 @@ impl From<&JobSpec> for pb::JobSpec {
 /// learning_rate = 0.1
 /// momentum = 0.9
 /// codec = "fp16"
+/// pull_codec = "fp16"     # f32 | fp16 | bf16 | delta-topk:0.1 (dense tables)
 /// ```
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -515,6 +552,9 @@ struct TableToml {
     max_rows: u64,
     #[serde(default)]
     codec: String,
+    /// f32 (the default) | fp16 | bf16 | delta-topk:RATIO (dense tables only)
+    #[serde(default)]
+    pull_codec: String,
 }
 
 impl TableToml {
@@ -536,7 +576,7 @@ impl TableToml {
             spec = spec.with_chunk_elems(c)?;
         }
         spec = spec.with_optimizer(self.optimizer()?)?;
-        self.finish(spec)
+        self.finish(spec, false)
     }
 
     /// Whether the file sets the optimizer at all.
@@ -601,8 +641,9 @@ impl TableToml {
     }
 
     /// Applies the initializer (when the file names one; the spec keeps its own otherwise),
-    /// the non-finite policy and the codec to `spec`.
-    fn finish(&self, mut spec: TableSpec) -> Result<JobTable, ValidationError> {
+    /// the non-finite policy and the codecs to `spec`. Settings `shared` by every model table
+    /// give delta pulls to the dense ones only; sparse tables keep f32 pulls.
+    fn finish(&self, mut spec: TableSpec, shared: bool) -> Result<JobTable, ValidationError> {
         let init = match self.init.as_deref() {
             None => spec.initializer,
             Some("zeros") => Initializer::ZEROS,
@@ -647,9 +688,15 @@ impl TableToml {
             spec = spec.with_max_rows(self.max_rows)?;
         }
         let codec = parse_codec(&self.codec)?;
+        let mut pull = parse_pull_codec(&self.pull_codec)?;
+        if shared && pull.delta_ratio().is_some() && spec.dense_shape().is_none() {
+            pull = PullCodec::F32;
+        }
+        check_pull(&spec, pull)?;
         Ok(JobTable {
             spec: spec.validated()?,
             codec,
+            pull,
         })
     }
 }
@@ -718,6 +765,7 @@ shape = [785, 10]
 optimizer = "momentum"
 learning_rate = 0.1
 codec = "fp16"
+pull_codec = "delta-topk:0.1"
 
 [[tables]]
 name = "emb"
@@ -736,6 +784,8 @@ max_rows = 1000000
         assert_eq!(spec.consistency, Consistency::Ssp(2));
         assert_eq!(spec.data_shards, 3, "defaults to num_workers");
         assert_eq!(spec.tables[0].codec, Codec::F16);
+        assert_eq!(spec.tables[0].pull, PullCodec::DeltaTopK { ratio: 0.1 });
+        assert_eq!(spec.tables[1].pull, PullCodec::F32);
         assert_eq!(spec.tables[1].spec.admit_after, 4);
         assert_eq!(spec.tables[1].spec.ttl_seconds, 86_400);
         assert_eq!(spec.tables[1].spec.max_rows, 1_000_000);
@@ -772,6 +822,14 @@ max_rows = 1000000
             ),
             (JOB.replace("\"fp16\"", "\"fp12\""), "codec"),
             (
+                JOB.replace("delta-topk:0.1", "delta-topk:2"),
+                "must be in (0, 1]",
+            ),
+            (
+                JOB.replace("max_rows = 1000000", "pull_codec = \"delta-topk:0.1\""),
+                "is for dense tables",
+            ),
+            (
                 JOB.replace("codec = \"fp16\"", "admit_after = 2"),
                 "admission is for sparse tables",
             ),
@@ -800,5 +858,40 @@ max_rows = 1000000
         wire.staleness = -3;
         let e = JobSpec::try_from(wire).unwrap_err();
         assert_eq!(e.field, "staleness");
+        // The wire form is checked as the file is.
+        let mut wire = pb::JobSpec::from(&JobSpec::from_toml(JOB).unwrap());
+        wire.tables[1].pull_codec = "delta-topk:0.5".into();
+        let e = JobSpec::try_from(wire).unwrap_err();
+        assert!(e.to_string().contains("is for dense tables"), "{e}");
+    }
+
+    /// Pull codecs shared by every model table: delta pulls go to the dense tables, and the
+    /// sparse ones keep f32 (they have no chunks to diff).
+    #[test]
+    fn a_shared_delta_pull_codec_leaves_sparse_tables_in_f32() {
+        let text = r#"
+name = "wd"
+consistency = "bsp"
+num_shards = 1
+num_workers = 1
+model = "wd"
+
+[model_tables]
+pull_codec = "delta-topk:0.25"
+"#;
+        let spec = JobSpec::from_toml_for_model(text, |_| {
+            Ok(vec![
+                TableSpec::dense("d", &[4, 4])?,
+                TableSpec::sparse("s", 8)?,
+            ])
+        })
+        .unwrap();
+        assert_eq!(spec.tables[0].pull, PullCodec::DeltaTopK { ratio: 0.25 });
+        assert_eq!(spec.tables[1].pull, PullCodec::F32);
+        let fp16 = JobSpec::from_toml_for_model(&text.replace("delta-topk:0.25", "fp16"), |_| {
+            Ok(vec![TableSpec::sparse("s", 8)?])
+        })
+        .unwrap();
+        assert_eq!(fp16.tables[0].pull, PullCodec::F16);
     }
 }
