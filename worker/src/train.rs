@@ -322,7 +322,7 @@ impl<B: Backend + Clone> Trainer<B> {
             times.data = waited_data;
             if !self.net.sparse_tables().is_empty() {
                 let t = Instant::now();
-                self.pull_rows(&batch)
+                self.pull_rows(&batch, false)
                     .instrument(tracing::info_span!(parent: &step, "pull", kind = "sparse"))
                     .await?;
                 times.pull += t.elapsed();
@@ -473,11 +473,21 @@ impl<B: Backend + Clone> Trainer<B> {
         Ok(())
     }
 
-    async fn pull_rows(&mut self, batch: &Batch) -> anyhow::Result<()> {
+    /// Pulls the rows `batch` touches into the model, under the tables' pull codecs, or
+    /// `exact`ly (f32, for evaluating what the shards hold).
+    async fn pull_rows(&mut self, batch: &Batch, exact: bool) -> anyhow::Result<()> {
         let ids = SparseRows::ids_of(batch);
         let tables = self.net.sparse_tables();
         let ps = &self.ps;
-        let pulled = try_join_all(tables.iter().map(|(t, _)| ps.pull_sparse(t, &ids))).await?;
+        let ids_ref = &ids;
+        let pulled = try_join_all(tables.iter().map(|(t, _)| async move {
+            if exact {
+                ps.pull_sparse_f32(t, ids_ref).await
+            } else {
+                ps.pull_sparse(t, ids_ref).await
+            }
+        }))
+        .await?;
         // In the order of sparse_tables: wide, then emb.
         let mut pulled = pulled.into_iter();
         let rows = SparseRows {
@@ -574,7 +584,7 @@ impl<B: Backend + Clone> Trainer<B> {
             let idx: Vec<usize> = (start..(start + step).min(n)).collect();
             test.gather(&idx, &mut batch);
             if !self.net.sparse_tables().is_empty() {
-                self.pull_rows(&batch).await?;
+                self.pull_rows(&batch, true).await?;
             }
             let s = tokio::task::block_in_place(|| self.net.step(&batch, 1.0, false, &mut probs))?;
             loss += s.loss;

@@ -9,7 +9,7 @@ use ps_proto::v1 as pb;
 
 use crate::compress::Sender;
 use crate::push::{settle, wire_metric};
-use crate::{ClientError, PsClient, PushSummary};
+use crate::{ClientError, PsClient, PullCodec, PushSummary};
 
 impl PsClient {
     /// Pushes gradients for rows `ids` of sparse table `name`: `grads` holds `ids.len() * dim`
@@ -100,8 +100,25 @@ impl PsClient {
 
     /// Pulls rows `ids` of sparse table `name`: `ids.len() * dim` values, row after row.
     pub async fn pull_sparse(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
+        self.pull_sparse_as(name, ids, None).await
+    }
+
+    /// Pulls rows `ids` of sparse table `name` exactly, in f32, whatever the table's pull codec
+    /// (for evaluating what the shards hold).
+    pub async fn pull_sparse_f32(&self, name: &str, ids: &[u64]) -> Result<Vec<f32>, ClientError> {
+        self.pull_sparse_as(name, ids, Some(PullCodec::F32)).await
+    }
+
+    /// Pulls rows under `pull`, or the table's pull codec.
+    async fn pull_sparse_as(
+        &self,
+        name: &str,
+        ids: &[u64],
+        pull: Option<PullCodec>,
+    ) -> Result<Vec<f32>, ClientError> {
         let (spec, dim) = self.sparse_dim(name).await?;
-        let codec = self.inner.codecs.get(&spec.name).0;
+        let mut codec = self.inner.codecs.get(&spec.name).0;
+        codec.pull = pull.unwrap_or(codec.pull);
         let accept = codec.pull.encoding();
         let bytes_per_value = codec.pull_bytes_per_value();
         let groups = self.group_ids(&spec, ids, dim, bytes_per_value);
