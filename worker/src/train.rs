@@ -157,26 +157,16 @@ async fn train_on<B: Backend + Clone>(
         }
     }
     if let Some(pull) = cfg.pull_codec {
-        for (t, _) in net.dense_tables() {
+        let dense = net.dense_tables().iter().map(|(t, _)| (t, pull));
+        let rows = net
+            .sparse_tables()
+            .iter()
+            .map(|(t, _)| (t, pull.for_rows()));
+        for (t, pull) in dense.chain(rows) {
             ps.set_table_codec(
                 t,
                 ps_client::TableCodec {
                     pull,
-                    ..ps.table_codec(t)?
-                },
-            )?;
-        }
-        // Rows have no chunks to diff: under delta pulls they come in f32.
-        let rows = if pull.delta_ratio().is_some() {
-            ps_client::PullCodec::F32
-        } else {
-            pull
-        };
-        for (t, _) in net.sparse_tables() {
-            ps.set_table_codec(
-                t,
-                ps_client::TableCodec {
-                    pull: rows,
                     ..ps.table_codec(t)?
                 },
             )?;

@@ -46,6 +46,16 @@ impl PullCodec {
         }
     }
 
+    /// What a sparse table pulls when this codec is set for every table: delta pulls are of
+    /// dense chunks, so rows then come in f32.
+    pub fn for_rows(self) -> Self {
+        if self.delta_ratio().is_some() {
+            Self::F32
+        } else {
+            self
+        }
+    }
+
     /// Refuses a ratio outside (0, 1].
     pub fn validate(&self) -> Result<(), ParseCodecError> {
         match self.delta_ratio() {
@@ -125,6 +135,11 @@ mod tests {
             Encoding::F32
         );
         assert_eq!(PullCodec::Bf16.encoding(), Encoding::Bf16);
+        assert_eq!(
+            PullCodec::DeltaTopK { ratio: 0.1 }.for_rows(),
+            PullCodec::F32
+        );
+        assert_eq!(PullCodec::F16.for_rows(), PullCodec::F16);
         for (bad, says) in [
             ("int8", "not a pull codec"),
             ("delta-topk", "needs a ratio"),

@@ -689,8 +689,8 @@ impl TableToml {
         }
         let codec = parse_codec(&self.codec)?;
         let mut pull = parse_pull_codec(&self.pull_codec)?;
-        if shared && pull.delta_ratio().is_some() && spec.dense_shape().is_none() {
-            pull = PullCodec::F32;
+        if shared && spec.dense_shape().is_none() {
+            pull = pull.for_rows();
         }
         check_pull(&spec, pull)?;
         Ok(JobTable {
