@@ -70,7 +70,7 @@ impl PsClient {
             .buffer_unordered(self.inner.cfg.max_in_flight)
             .collect::<Vec<_>>()
             .await;
-        let codec_name = format!("delta-topk:{ratio}");
+        let codec_name = crate::PullCodec::DeltaTopK { ratio }.to_string();
         for answer in answers {
             let (resp, _) = answer?;
             let (wire, values) = crate::dense::slice_bytes(&resp.slices);

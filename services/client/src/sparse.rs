@@ -141,7 +141,7 @@ impl PsClient {
             async move { call.await.map(|r| (positions, r)) }
         }))
         .buffer_unordered(self.inner.cfg.max_in_flight);
-        let codec_name = codec.pull.encoding().to_string();
+        let codec_name = codec.pull.for_rows().to_string();
         while let Some((positions, resp)) = answers.try_next().await? {
             if let Some(v) = &resp.values {
                 self.inner
