@@ -35,6 +35,9 @@ fi
 if [ "${COMPOSE_TEST:-1}" != "0" ]; then
   ./scripts/compose-test.sh
 fi
+# The Python SDK (sdk/python): pytest against real shards, schedulers and workers from this
+# build, interoperating with the Rust SDK (pip, from PyPI, into target/py-sdk).
+./scripts/python-sdk.sh
 # NVRTC alone (PyPI's wheel; no GPU needed) for the test that compiles the CUDA kernels.
 LD_LIBRARY_PATH="$(./scripts/nvrtc.sh)${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH PS_REQUIRE_NVRTC=1

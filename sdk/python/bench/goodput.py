@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Python push+pull goodput against the Rust SDK's, in one run on the same shards.
+
+Starts `--shards` durable shards (real `ps-server` processes), creates a dense table of each
+size, and times push+pull round trips (a gradient of the whole table pushed, the table pulled)
+from the Python client and from the Rust SDK (`ps-interop bench`, a separate process), in
+interleaved rounds. Goodput counts the f32 bytes of the push and of the pull. Prints a table
+with medians and the Python/Rust ratio (target: at least 0.7 with the bulk stream).
+
+    python sdk/python/bench/goodput.py [--sizes 1000000,16000000] [--rounds 3] [--shards 2]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import psclient
+from psclient.local import LocalCluster, binary
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1000000,16000000")
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (each: Python's and Rust's timings)")
+    ap.add_argument("--reps", type=int, default=5, help="round trips timed per round and side")
+    ap.add_argument("--shards", type=int, default=2)
+    ap.add_argument("--no-bulk", action="store_true", help="both sides through gRPC only")
+    args = ap.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster(pathlib.Path(tmp), args.shards, dense_log_mib=None) as c:
+        ps = psclient.Client(c.endpoints, bulk=not args.no_bulk)
+        for n in sizes:
+            table = f"bench-{n}"
+            ps.create_table(psclient.dense_table(table, [n], optimizer=psclient.sgd(1.0)))
+            grad = np.full(n, 1e-9, dtype=np.float32)
+            ps.push_dense(table, grad)  # warm-up: connections, the table's spec
+            ps.pull_dense(table)
+            py, rs = [], []
+            for _ in range(args.rounds):
+                for _ in range(args.reps):
+                    t = time.perf_counter()
+                    ps.push_dense(table, grad)
+                    ps.pull_dense(table)
+                    py.append(time.perf_counter() - t)
+                cmd = [binary("ps-interop"), "bench", "--endpoints", ",".join(c.endpoints), "--table", table, "--rounds", str(args.reps + 1)]
+                if args.no_bulk:
+                    cmd.append("--no-bulk")
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                rs.extend(json.loads(out.stdout)[1:])  # the first pays the connections
+            gb = 8 * n / 1e9
+            py_gbs, rs_gbs = gb / statistics.median(py), gb / statistics.median(rs)
+            rows.append((n, py_gbs, rs_gbs))
+        ps.close()
+    transport = "gRPC only" if args.no_bulk else "bulk stream"
+    print(f"| floats | shards | Python GB/s | Rust SDK GB/s | Python / Rust |  ({transport}, medians of {args.rounds}x{args.reps} round trips)")
+    print("| --- | --- | --- | --- | --- |")
+    for n, p, r in rows:
+        print(f"| {n:,} | {args.shards} | {p:.2f} | {r:.2f} | {p / r:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

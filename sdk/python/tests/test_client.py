@@ -1,0 +1,318 @@
+"""The client against real shards: values, routing, the bulk stream, codecs, exactly-once
+pushes across a shard's crash, typed errors, the scheduler's map, TLS and tokens."""
+from __future__ import annotations
+
+import pathlib
+import signal
+import subprocess
+import threading
+
+import grpc
+import numpy as np
+import pytest
+
+import psclient
+from psclient import codec as cd
+
+from conftest import REPO, LocalCluster, Service, binary
+
+LR = np.float32(0.5)
+
+
+def grads(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+
+
+def test_dense_push_pull_exact_over_both_transports(cluster: LocalCluster) -> None:
+    with psclient.Client(cluster.endpoints) as ps, psclient.Client(cluster.endpoints, bulk=False) as grpc_only:
+        assert [s.shard_index for s in ps.shards] == [0, 1]
+        assert all(s.bulk_port for s in ps.shards)
+        # 10 chunks of 1,000 (the last one short) spread over both shards.
+        spec = psclient.dense_table("w", [97, 100], optimizer=psclient.sgd(float(LR)), chunk_elems=1000)
+        stored = ps.create_table(spec)
+        assert stored.dense.chunk_elems == 1000
+        assert ps.create_table(spec).name == "w"  # idempotent
+        g1, g2 = grads(9700, 1), grads(9700, 2)
+        s = ps.push_dense("w", g1.reshape(97, 100))
+        assert s.applied_values == 9700 and s.duplicates == 0
+        grpc_only.push_dense("w", g2)
+        want = (np.float32(0) - LR * g1) - LR * g2
+        assert ps.pull_dense("w").tobytes() == want.tobytes()
+        assert grpc_only.pull_dense("w").tobytes() == want.tobytes()
+        bulk_calls = sum(st.bulk_calls for st in ps.stats())
+        assert bulk_calls >= 4, "the plain-f32 calls went over the bulk stream"
+
+
+def test_sparse_rows_sum_duplicates_and_read_the_initializer(cluster: LocalCluster) -> None:
+    with psclient.Client(cluster.endpoints) as ps:
+        ps.create_table(psclient.sparse_table("emb", 8, optimizer=psclient.sgd(float(LR)), initializer=psclient.uniform(-0.1, 0.1, seed=7)))
+        ids = np.array([5, 1 << 40, 5, 77, 2**64 - 1], dtype=np.uint64)
+        before = ps.pull_sparse("emb", ids)
+        assert before.shape == (5, 8)
+        assert np.array_equal(before[0], before[2]) and np.all(np.abs(before) <= 0.1)
+        g = grads(40, 3).reshape(5, 8)
+        ps.push_sparse("emb", ids, g)
+        after = ps.pull_sparse("emb", ids)
+        want5 = before[0] - LR * g[0] - LR * g[2]
+        assert np.allclose(after[0], want5, atol=1e-6) and np.array_equal(after[0], after[2])
+        assert np.array_equal(after[3], before[3] - LR * g[3])
+        # Thousands of ids: both shards, several requests each.
+        many = np.arange(20_000, dtype=np.uint64) * np.uint64(2654435761)
+        ps.push_sparse("emb", many, np.ones((20_000, 8), dtype=np.float32))
+        rows = ps.pull_sparse("emb", many[:100])
+        assert rows.shape == (100, 8)
+        stats = {st.shard_index: {t.name: t for t in st.tables} for st in ps.stats()}
+        assert all(stats[i]["emb"].rows > 5000 for i in (0, 1))
+
+
+def test_bad_input_is_refused_and_changes_nothing(cluster: LocalCluster) -> None:
+    with psclient.Client(cluster.endpoints, max_attempts=2) as ps:
+        ps.create_table(psclient.dense_table("d", [3000], optimizer=psclient.sgd(1.0), chunk_elems=1000))
+        ps.create_table(psclient.sparse_table("s", 4))
+        with pytest.raises(psclient.InvalidInput):
+            ps.push_dense("d", np.ones(2999, dtype=np.float32))
+        with pytest.raises(psclient.InvalidInput):
+            ps.push_sparse("s", [1, 2], np.ones(7, dtype=np.float32))
+        with pytest.raises(psclient.InvalidInput):
+            ps.push_sparse("s", [-1], np.ones(4, dtype=np.float32))
+        with pytest.raises(psclient.InvalidInput):
+            ps.pull_dense("s")
+        with pytest.raises(psclient.TableNotFound) as nf:
+            ps.pull_dense("nope")
+        assert nf.value.reason == "TABLE_NOT_FOUND" and nf.value.code == grpc.StatusCode.NOT_FOUND
+        with pytest.raises(psclient.AlreadyExists):
+            ps.create_table(psclient.dense_table("d", [3001]))
+        nan = np.ones(3000, dtype=np.float32)
+        nan[2500] = np.nan
+        with pytest.raises(psclient.InvalidArgument) as e:
+            ps.push_dense("d", nan)
+        assert e.value.reason == "NON_FINITE"
+        # The chunk holding the NaN was refused; the other chunks' requests went to the
+        # shards that own them and were applied (each request stands alone).
+        w = ps.pull_dense("d")
+        assert np.all(w[2000:] == 0)
+        with pytest.raises(ValueError):
+            psclient.Client(cluster.endpoints, codec="zip")
+        with pytest.raises(psclient.TopologyError):
+            psclient.Client(list(reversed(cluster.endpoints)))
+
+
+def test_lossy_codecs_keep_what_they_drop(cluster: LocalCluster) -> None:
+    n = 50_000
+    with psclient.Client(cluster.endpoints, codec="topk:0.01") as ps:
+        ps.create_table(psclient.dense_table("t", [n], optimizer=psclient.sgd(1.0), chunk_elems=10_000))
+        g = grads(n, 4)
+        s = ps.push_dense("t", g)
+        assert s.applied_values <= n and s.wire_bytes < 4 * n * 0.02
+        # Pushing zeros sends what the residual still owes: after enough pushes all of it.
+        for _ in range(120):
+            ps.push_dense("t", np.zeros(n, dtype=np.float32))
+        w = ps.pull_dense("t")
+        assert np.allclose(-w, g, atol=2e-3), np.max(np.abs(-w - g))
+        for codec in ("fp16", "bf16", "int8"):
+            ps.set_table_codec("t", codec=codec)
+            before = ps.pull_dense("t")
+            s = ps.push_dense("t", g)
+            assert s.wire_bytes <= 2 * n + 4096, codec
+            assert np.allclose(ps.pull_dense("t"), before - g, atol=0.05), codec
+
+
+def test_compressed_pulls(cluster: LocalCluster) -> None:
+    with psclient.Client(cluster.endpoints) as ps:
+        ps.create_table(psclient.dense_table("p", [5000], optimizer=psclient.sgd(1.0), chunk_elems=1000))
+        ps.create_table(psclient.sparse_table("r", 16, initializer=psclient.normal(0, 1, seed=3)))
+        g = grads(5000, 5)
+        ps.push_dense("p", g)
+        exact = ps.pull_dense("p")
+        ps.set_table_codec("p", pull_codec="fp16")
+        assert np.array_equal(ps.pull_dense("p"), exact.astype(np.float16).astype(np.float32))
+        assert np.array_equal(ps.pull_dense("p", exact=True), exact)
+        ps.set_table_codec("p", pull_codec="bf16")
+        assert np.array_equal(ps.pull_dense("p"), cd.decode(cd.encode(exact, cd.Codec.parse("bf16"), min_values=0, lz4=False)))
+        rows = ps.pull_sparse("r", np.arange(100))
+        ps.set_table_codec("r", pull_codec="fp16")
+        assert np.array_equal(ps.pull_sparse("r", np.arange(100)), rows.astype(np.float16).astype(np.float32))
+        with pytest.raises(ValueError):
+            ps.set_table_codec("p", pull_codec="delta-topk:0.5:x")
+        with pytest.raises(ValueError):
+            ps.set_table_codec("p", pull_codec="delta-topk:0")
+        # Delta pulls: the first comes whole; after a push, the top 30% of each chunk's change,
+        # the rest owed and brought by the next pulls.
+        ps.set_table_codec("p", pull_codec="delta-topk:0.3")
+        assert np.array_equal(ps.pull_dense("p"), exact)
+        ps.push_dense("p", g)
+        now = ps.pull_dense("p", exact=True)
+        first = ps.pull_dense("p")
+        assert not np.allclose(first, now, atol=1e-3)
+        for _ in range(6):
+            last = ps.pull_dense("p")
+        assert np.allclose(last, now, atol=2e-3), np.max(np.abs(last - now))
+        # Rows have no delta form: they come in f32.
+        ps.set_table_codec("r", pull_codec="delta-topk:0.3")
+        assert np.array_equal(ps.pull_sparse("r", np.arange(100)), rows)
+
+
+def test_pushes_apply_exactly_once_across_a_shard_crash(tmp_path: pathlib.Path) -> None:
+    """A shard killed (SIGKILL) and restarted on its port while a client pushes: the pushes
+    in flight are retried under their sequence numbers, and every one is applied once."""
+    c = LocalCluster(tmp_path, 2)
+    try:
+        with psclient.Client(c.endpoints, initial_backoff=0.05, max_attempts=200) as ps:
+            ps.create_table(psclient.dense_table("x", [4000], optimizer=psclient.sgd(1.0), chunk_elems=1000))
+            ps.create_table(psclient.sparse_table("y", 4, optimizer=psclient.sgd(1.0)))
+            pushes = 150
+            done = threading.Event()
+            errors: list = []
+
+            def pusher() -> None:
+                try:
+                    for _ in range(pushes):
+                        ps.push_dense("x", np.ones(4000, dtype=np.float32))
+                        ps.push_sparse("y", np.arange(64), np.ones((64, 4), dtype=np.float32))
+                except Exception as e:  # reported below
+                    errors.append(e)
+                done.set()
+
+            t = threading.Thread(target=pusher)
+            t.start()
+            victim = c.shards[1]
+            while not done.is_set() and sum(s.pushes_applied for s in ps.stats()) < 60:
+                pass
+            victim.stop(signal.SIGKILL)
+            c.shards[1] = c.start_shard(1, 2, listen=victim.grpc)
+            t.join(timeout=300)
+            assert not errors, errors
+            assert np.all(ps.pull_dense("x") == -pushes)
+            assert np.all(ps.pull_sparse("y", np.arange(64)) == -pushes)
+    finally:
+        c.stop()
+
+
+def test_routes_by_the_schedulers_map(tmp_path: pathlib.Path) -> None:
+    c = LocalCluster(tmp_path, 3, scheduler=True)
+    try:
+        with psclient.Client(scheduler=c.scheduler_url) as ps:
+            assert ps.map_epoch > 0
+            assert [s.endpoint for s in ps.shards] == c.endpoints
+            ps.create_table(psclient.dense_table("m", [10_000], optimizer=psclient.sgd(1.0), chunk_elems=1000))
+            ps.push_dense("m", np.ones(10_000, dtype=np.float32))
+            assert np.all(ps.pull_dense("m") == -1)
+            names = [cp.name for cp in ps.checkpoint("py-1")]
+            assert names == ["py-1"] * 3
+    finally:
+        c.stop()
+
+
+def test_follows_a_shard_the_scheduler_maps_elsewhere(tmp_path: pathlib.Path) -> None:
+    """A shard killed and restarted on another port while a client routed by the scheduler's
+    map pushes: the client fetches the new map, reconnects, and every push is applied once."""
+    c = LocalCluster(tmp_path, 2, scheduler=True)
+    try:
+        with psclient.Client(scheduler=c.scheduler_url, max_attempts=400, max_backoff=0.5) as ps:
+            epoch = ps.map_epoch
+            ps.create_table(psclient.dense_table("f", [4000], optimizer=psclient.sgd(1.0), chunk_elems=1000))
+            pushes, errors = 80, []
+
+            def pusher() -> None:
+                try:
+                    for _ in range(pushes):
+                        ps.push_dense("f", np.ones(4000, dtype=np.float32))
+                except Exception as e:  # reported below
+                    errors.append(e)
+
+            t = threading.Thread(target=pusher)
+            t.start()
+            while t.is_alive() and sum(s.pushes_applied for s in ps.stats()) < 30:
+                pass
+            old = c.shards[1].grpc
+            c.shards[1].stop(signal.SIGKILL)
+            c.shards[1] = c.start_shard(1, 2)
+            t.join(timeout=300)
+            assert not errors, errors
+            assert c.shards[1].grpc != old
+            assert ps.map_epoch > epoch and ps.shards[1].endpoint == c.shards[1].url
+            assert np.all(ps.pull_dense("f") == -pushes)
+    finally:
+        c.stop()
+
+
+def test_tls_and_tokens(tmp_path: pathlib.Path) -> None:
+    certs = tmp_path / "certs"
+    subprocess.run([str(REPO / "scripts" / "dev-certs.sh"), str(certs)], check=True, capture_output=True)
+    tokens = tmp_path / "tokens.toml"
+    entries = []
+    secrets = {}
+    for name, role in (("admin", "operator"), ("trainer", "worker"), ("viewer", "reader")):
+        out = subprocess.run(
+            [binary("psctl"), "token", "--name", name, "--role", role, "--out", str(tmp_path / f"{name}.token")],
+            check=True, capture_output=True, text=True,
+        )
+        entries.append(out.stdout)
+        secrets[name] = (tmp_path / f"{name}.token").read_text().strip()
+    tokens.write_text("\n".join(entries))
+    shard = Service(
+        "shard-0",
+        "ps-server",
+        ["--in-memory", "--listen", "127.0.0.1:0", "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"), "--auth-tokens", str(tokens)],
+        tmp_path / "logs",
+    )
+    try:
+        ep = [f"https://{shard.grpc}"]
+        tls = psclient.Tls(ca=str(certs / "ca.pem"))
+        with psclient.Client(ep, tls=tls, token=secrets["admin"]) as admin:
+            admin.create_table(psclient.dense_table("z", [300_000], optimizer=psclient.sgd(1.0)))
+        with psclient.Client(ep, tls=tls, token=secrets["trainer"]) as trainer:
+            trainer.push_dense("z", np.ones(300_000, dtype=np.float32))  # over TLS on the bulk stream
+            assert np.all(trainer.pull_dense("z") == -1)
+            with pytest.raises(psclient.AuthError):
+                trainer.create_table(psclient.dense_table("z2", [3]))
+        with psclient.Client(ep, tls=tls, token=secrets["viewer"], max_attempts=1) as viewer:
+            assert viewer.pull_dense("z")[0] == -1
+            with pytest.raises(psclient.AuthError) as e:
+                viewer.push_dense("z", np.ones(300_000, dtype=np.float32))
+            assert e.value.code == grpc.StatusCode.PERMISSION_DENIED
+        with psclient.Client(ep, tls=tls, token=secrets["admin"]) as admin:
+            assert admin.stats()[0].bulk_calls >= 3, "the dense calls went over the bulk stream, in TLS"
+        with pytest.raises(psclient.AuthError):
+            psclient.Client(ep, tls=tls, token="not-a-token", max_attempts=1)
+        with pytest.raises(psclient.PsError):
+            psclient.Client([f"http://{shard.grpc}"], max_attempts=1, connect_timeout=2, timeout=5)
+    finally:
+        shard.stop()
+
+
+def test_mutual_tls_names_the_client_by_its_certificate(tmp_path: pathlib.Path) -> None:
+    certs = tmp_path / "certs"
+    subprocess.run([str(REPO / "scripts" / "dev-certs.sh"), str(certs), "--client", "trainer", "--client", "admin"], check=True, capture_output=True)
+    tokens = tmp_path / "tokens.toml"
+    tokens.write_text(
+        '[[token]]\nname = "admin"\nrole = "operator"\njobs = ["*"]\ncert_name = "admin"\n'
+        '[[token]]\nname = "trainer"\nrole = "worker"\njobs = ["*"]\ncert_name = "trainer"\n'
+    )
+    shard = Service(
+        "shard-0",
+        "ps-server",
+        [
+            "--in-memory", "--listen", "127.0.0.1:0",
+            "--tls-cert", str(certs / "server.pem"), "--tls-key", str(certs / "server.key"),
+            "--tls-client-ca", str(certs / "ca.pem"), "--auth-tokens", str(tokens),
+        ],
+        tmp_path / "logs",
+    )
+    try:
+        ep = [f"https://{shard.grpc}"]
+        def as_(name: str) -> psclient.Tls:
+            return psclient.Tls(ca=str(certs / "ca.pem"), cert=str(certs / f"{name}.pem"), key=str(certs / f"{name}.key"))
+
+        with psclient.Client(ep, tls=as_("admin")) as admin, psclient.Client(ep, tls=as_("trainer")) as trainer:
+            admin.create_table(psclient.dense_table("m", [300_000], optimizer=psclient.sgd(1.0)))
+            trainer.push_dense("m", np.ones(300_000, dtype=np.float32))  # the bulk stream, mutual TLS
+            assert np.all(trainer.pull_dense("m") == -1)
+            assert admin.stats()[0].bulk_calls >= 2
+            with pytest.raises(psclient.AuthError):
+                admin.push_dense("m", np.ones(300_000, dtype=np.float32))
+        # Without a client certificate the handshake (or the call) is refused.
+        with pytest.raises(psclient.PsError):
+            psclient.Client(ep, tls=psclient.Tls(ca=str(certs / "ca.pem")), max_attempts=1, timeout=5)
+    finally:
+        shard.stop()
