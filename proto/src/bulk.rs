@@ -107,6 +107,18 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
     header: &[u8],
     body: &[Bytes],
 ) -> io::Result<()> {
+    let parts: Vec<&[u8]> = body.iter().map(Bytes::as_ref).collect();
+    write_frame_parts(w, kind, header, &parts).await
+}
+
+/// [`write_frame`] with a body of borrowed parts: a client pushes the caller's own values
+/// this way, without copying them into a payload first.
+pub async fn write_frame_parts<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    kind: u32,
+    header: &[u8],
+    body: &[&[u8]],
+) -> io::Result<()> {
     let header_len = u32::try_from(header.len())
         .map_err(|_| invalid(format!("a header of {} bytes", header.len())))?;
     let head = Head {
@@ -121,7 +133,7 @@ pub async fn write_frame<W: AsyncWrite + Unpin>(
         (&[][..], body)
     };
     let mut first =
-        Vec::with_capacity(HEAD_LEN + header.len() + inline.iter().map(Bytes::len).sum::<usize>());
+        Vec::with_capacity(HEAD_LEN + header.len() + inline.iter().map(|p| p.len()).sum::<usize>());
     first.extend_from_slice(&head.encode());
     first.extend_from_slice(header);
     for part in inline {

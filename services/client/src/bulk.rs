@@ -134,16 +134,21 @@ impl BulkPool {
         }
     }
 
-    /// Pushes `req` (its slices plain f32). `Ok(None)`: no connection could be made; send it
-    /// through gRPC.
+    /// Pushes `req`, whose slices are plain f32 with their data left out: `body` holds each
+    /// slice's values as bytes, in slice order (the caller's own memory: nothing is copied).
+    /// `Ok(None)`: no connection could be made; send it through gRPC.
     pub(crate) async fn push_dense(
         &self,
         mut req: pb::PushDenseRequest,
+        body: &[&[u8]],
     ) -> Result<Option<pb::PushResponse>, Status> {
         let span = trace::client_span(bulk::PUSH_DENSE_PATH, &self.addr());
         req.trace_context = trace::context_map(&span);
         req.authorization = self.authorization();
-        let answer = self.push_dense_untraced(req).instrument(span.clone()).await;
+        let answer = self
+            .push_dense_untraced(req, body)
+            .instrument(span.clone())
+            .await;
         trace::record_status(
             &span,
             answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
@@ -153,15 +158,16 @@ impl BulkPool {
 
     async fn push_dense_untraced(
         &self,
-        mut req: pb::PushDenseRequest,
+        req: pb::PushDenseRequest,
+        body: &[&[u8]],
     ) -> Result<Option<pb::PushResponse>, Status> {
         let Some(mut s) = self.stream().await else {
             return Ok(None);
         };
-        let body = bulk::take_slice_data(&mut req.slices);
         let answer = self
             .timed(async {
-                bulk::write_frame(&mut s, bulk::PUSH_DENSE, &req.encode_to_vec(), &body).await?;
+                bulk::write_frame_parts(&mut s, bulk::PUSH_DENSE, &req.encode_to_vec(), body)
+                    .await?;
                 let (body_len, answer) = read_answer(&mut s).await?;
                 if body_len != 0 {
                     return Err(protocol("a push answer with a body"));

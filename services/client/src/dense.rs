@@ -13,7 +13,7 @@ use ps_proto::v1 as pb;
 
 use crate::bulk;
 use crate::compress::Sender;
-use crate::push::{EncodedSlice, settle, wire_metric};
+use crate::push::{EncodedSlice, borrowed_f32, is_borrowed, settle, wire_metric};
 use crate::{ClientError, PsClient, PullCodec, PushSummary, TableCodec};
 
 impl PsClient {
@@ -96,7 +96,7 @@ impl PsClient {
                                 .map_err(|e| ClientError::InvalidInput(e.to_string()))?
                         } else {
                             let rel = abs.start - base as usize..abs.end - base as usize;
-                            enc.encode(&grad[rel])
+                            plain_or_encoded(enc, &grad[rel])
                         };
                         slices.push((c, abs, e));
                     }
@@ -109,12 +109,15 @@ impl PsClient {
             .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
         let table = spec.name.to_string();
         let codec_name = codec.push.codec.to_string();
-        // The wire form of each request: its shard, and its slices with whether they are all
-        // plain f32, which travels by the bulk stream where the shard has one.
-        let calls: Vec<(usize, (Vec<pb::DenseSlice>, bool))> = requests
+        // The wire form of each request: its shard; its slices; whether they are all plain
+        // f32, which travels by the bulk stream where the shard has one; and where in `grad`
+        // the values of each borrowed slice are (sent from there, never copied for the bulk
+        // stream; copied into the payload only for gRPC).
+        type Call = (Vec<pb::DenseSlice>, bool, Vec<Option<Range<usize>>>);
+        let calls: Vec<(usize, Call)> = requests
             .iter()
             .map(|(shard, slices)| {
-                let slices: Vec<pb::DenseSlice> = slices
+                let wire: Vec<pb::DenseSlice> = slices
                     .iter()
                     .map(|(c, _, e)| {
                         wire_metric("push", &table, &codec_name, e);
@@ -124,37 +127,57 @@ impl PsClient {
                         }
                     })
                     .collect();
-                let plain = slices
+                let plain = wire
                     .iter()
                     .all(|s| s.values.as_ref().is_some_and(ps_proto::bulk::is_plain_f32));
-                (*shard, (slices, plain))
+                let borrowed = slices
+                    .iter()
+                    .map(|(_, abs, e)| {
+                        is_borrowed(e).then(|| abs.start - base as usize..abs.end - base as usize)
+                    })
+                    .collect();
+                (*shard, (wire, plain, borrowed))
             })
             .collect();
         let results = self
             .inner
-            .push_each(calls, |mut s, (slices, plain), push_id, map_epoch| {
-                let req = pb::PushDenseRequest {
-                    table: table.clone(),
-                    push_id: Some(push_id),
-                    map_epoch,
-                    slices,
-                    trace_context: Default::default(),
-                    authorization: String::new(),
-                };
-                async move {
-                    if plain
-                        && let Some(bulk) = s.bulk()
-                        && let Some(answer) = bulk.push_dense(req.clone()).await?
-                    {
-                        return Ok(answer);
+            .push_each(
+                calls,
+                |mut s, (slices, plain, borrowed), push_id, map_epoch| {
+                    let mut req = pb::PushDenseRequest {
+                        table: table.clone(),
+                        push_id: Some(push_id),
+                        map_epoch,
+                        slices,
+                        trace_context: Default::default(),
+                        authorization: String::new(),
+                    };
+                    async move {
+                        if plain && let Some(bulk) = s.bulk() {
+                            let mut header = req.clone();
+                            let data = ps_proto::bulk::take_slice_data(&mut header.slices);
+                            let body: Vec<&[u8]> = data
+                                .iter()
+                                .zip(&borrowed)
+                                .map(|(d, b)| b.as_ref().map_or(d.as_ref(), |r| bytes_of(grad, r)))
+                                .collect();
+                            if let Some(answer) = bulk.push_dense(header, &body).await? {
+                                return Ok(answer);
+                            }
+                        }
+                        s.rediscover_bulk().await;
+                        for (slice, b) in req.slices.iter_mut().zip(&borrowed) {
+                            if let (Some(v), Some(r)) = (slice.values.as_mut(), b) {
+                                v.data = bytes::Bytes::copy_from_slice(bytes_of(grad, r));
+                            }
+                        }
+                        s.grpc
+                            .push_dense(req)
+                            .await
+                            .map(tonic::Response::into_inner)
                     }
-                    s.rediscover_bulk().await;
-                    s.grpc
-                        .push_dense(req)
-                        .await
-                        .map(tonic::Response::into_inner)
-                }
-            })
+                },
+            )
             .await;
         let mut summary = settle(
             results,
@@ -330,6 +353,25 @@ impl PsClient {
             .await?;
         Ok(out)
     }
+}
+
+/// The bytes of `grad[r]`, as the wire carries f32 (little-endian, as this host's).
+fn bytes_of<'a>(grad: &'a [f32], r: &Range<usize>) -> &'a [u8] {
+    bytemuck::cast_slice(&grad[r.clone()])
+}
+
+/// The caller's values as a push sends them: plain f32 stays in the caller's memory (a
+/// [`borrowed_f32`] payload, sent from there); another codec, or lz4 where its sample test
+/// says it may pay, encodes them as the encoder always does.
+fn plain_or_encoded(enc: &mut ps_codec::Encoder, values: &[f32]) -> ps_codec::Encoded {
+    let lz = enc.options().lz4;
+    let raw: &[u8] = bytemuck::cast_slice(values);
+    let may_compress =
+        lz.enabled && raw.len() >= lz.min_bytes && ps_codec::lz4::worth_trying(raw, lz.min_saving);
+    if enc.codec_for(values.len()) == ps_codec::Codec::F32 && !may_compress {
+        return borrowed_f32(values.len());
+    }
+    enc.encode(values)
 }
 
 /// A pull answer's payload bytes on the wire and its number of values.

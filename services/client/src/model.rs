@@ -39,7 +39,7 @@ pub struct PushSummary {
 
 impl PushSummary {
     pub(crate) fn add_payload(&mut self, e: &Encoded) {
-        self.wire_bytes += e.data.len() as u64;
+        self.wire_bytes += crate::push::wire_len(e);
         self.raw_bytes += e.header.num_values * 4;
     }
 

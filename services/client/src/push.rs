@@ -98,9 +98,36 @@ pub(crate) fn wire_metric(direction: &'static str, table: &str, codec: &str, e: 
         direction,
         table,
         codec,
-        e.data.len() as u64,
+        wire_len(e),
         e.header.num_values * 4,
     );
+}
+
+/// A plain-f32 slice that stays in the caller's memory until it is sent: the header of its
+/// payload, with no data (see [`is_borrowed`]).
+pub(crate) fn borrowed_f32(values: usize) -> Encoded {
+    Encoded {
+        header: ps_codec::Header {
+            raw_len: 4 * values as u64,
+            ..ps_codec::Header::f32(values)
+        },
+        data: bytes::Bytes::new(),
+    }
+}
+
+/// Whether a push's payload is [`borrowed_f32`]: values with no bytes (every encoding of at
+/// least one value has some).
+pub(crate) fn is_borrowed(e: &Encoded) -> bool {
+    e.data.is_empty() && e.header.num_values > 0
+}
+
+/// Bytes a push's payload takes on the wire.
+pub(crate) fn wire_len(e: &Encoded) -> u64 {
+    if is_borrowed(e) {
+        4 * e.header.num_values
+    } else {
+        e.data.len() as u64
+    }
 }
 
 fn count_wire(direction: &'static str, table: &str, codec: &str, wire: u64, raw: u64) {

@@ -68,8 +68,9 @@ enum Cmd {
         #[arg(required = true)]
         values: Vec<PathBuf>,
     },
-    /// Times `rounds` push+pull round trips of dense table `table` (a gradient of ones) and
-    /// prints each round's seconds as a JSON array (the Python SDK's goodput benchmark).
+    /// Times `rounds` push+pull round trips of dense table `table` (a random gradient) and
+    /// prints each round's push and pull seconds as a JSON array of pairs (the Python SDK's
+    /// goodput benchmark).
     Bench {
         #[command(flatten)]
         conn: Conn,
@@ -131,13 +132,17 @@ async fn sdk(cmd: Cmd) -> Result<()> {
         }
         Cmd::Bench { rounds, .. } => {
             let n = ps.pull_dense(t).await?.len();
-            let grad = vec![1e-9f32; n];
+            // Values lz4 cannot shrink, as a real gradient's: the push stays plain f32.
+            let grad: Vec<f32> = (0..n as u64)
+                .map(|i| (mix64(i) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                .collect();
             let mut secs = Vec::new();
             for _ in 0..*rounds {
                 let start = std::time::Instant::now();
                 ps.push_dense(t, &grad).await?;
+                let pushed = start.elapsed().as_secs_f64();
                 let v = ps.pull_dense(t).await?;
-                secs.push(start.elapsed().as_secs_f64());
+                secs.push([pushed, start.elapsed().as_secs_f64() - pushed]);
                 std::hint::black_box(v);
             }
             println!("{}", serde_json::to_string(&secs)?);
