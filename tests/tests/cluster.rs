@@ -38,6 +38,19 @@ async fn dense_round_trip_over_two_shards_with_a_tensor_over_64_mib() {
     let part = ps.pull_dense_chunks("big", 3..5).await.unwrap();
     let c = 256 * 1024;
     assert_eq!(part, w[3 * c..5 * c]);
+
+    // Into the caller's buffer: the same values; a buffer of another length is refused and
+    // left as it was.
+    let mut buf = vec![7.0f32; n];
+    ps.pull_dense_into("big", &mut buf).await.unwrap();
+    assert!(buf == w);
+    let mut short = vec![7.0f32; n - 1];
+    let err = ps.pull_dense_into("big", &mut short).await.unwrap_err();
+    assert!(
+        matches!(err, ps_client::ClientError::InvalidInput(_)),
+        "{err}"
+    );
+    assert!(short.iter().all(|v| *v == 7.0));
     cluster.stop().await;
 }
 

@@ -401,11 +401,14 @@ async fn dense_case(
             let grad: Vec<f32> = (0..floats).map(|_| normal.sample(&mut rng)).collect();
             // Warm-up: connections, buffers, and the first lap through a new push log, whose
             // pages the kernel allocates once (a one-time cost of a new data directory).
+            // Pulled into one buffer, as a training loop keeps its parameters from step to
+            // step (a fresh tensor per pull would cost its pages' faults and zeroing).
+            let mut w = vec![0.0f32; floats];
             let t = Instant::now();
             let mut pushed = 0u64;
             loop {
                 ps.push_dense(&name, &grad).await?;
-                ps.pull_dense(&name).await?;
+                ps.pull_dense_into(&name, &mut w).await?;
                 pushed += floats as u64 * 4;
                 if warmup.done(t.elapsed().as_secs_f64(), pushed) {
                     break;
@@ -417,7 +420,7 @@ async fn dense_case(
             while pairs.len() < 3 || t.elapsed().as_secs_f64() < seconds {
                 let pair = Instant::now();
                 ps.push_dense(&name, &grad).await?;
-                let w = ps.pull_dense(&name).await?;
+                ps.pull_dense_into(&name, &mut w).await?;
                 std::hint::black_box(&w);
                 pairs.push(pair.elapsed().as_secs_f64() * 1e3);
             }

@@ -43,15 +43,18 @@ def main() -> int:
             ps.create_table(psclient.dense_table(table, [n], optimizer=psclient.sgd(1.0)))
             # Values lz4 cannot shrink, as a real gradient's: pushes stay plain f32.
             grad = np.random.default_rng(n).uniform(-0.5, 0.5, n).astype(np.float32)
+            # Pulled into one array, as a training loop keeps its parameters (the Rust side
+            # does the same).
+            w = np.empty(n, dtype=np.float32)
             ps.push_dense(table, grad)  # warm-up: connections, the table's spec
-            ps.pull_dense(table)
+            ps.pull_dense_into(table, w)
             py, rs = [], []  # (push seconds, pull seconds) per round trip
             for _ in range(args.rounds):
                 for _ in range(args.reps):
                     t = time.perf_counter()
                     ps.push_dense(table, grad)
                     pushed = time.perf_counter() - t
-                    ps.pull_dense(table)
+                    ps.pull_dense_into(table, w)
                     py.append((pushed, time.perf_counter() - t - pushed))
                 cmd = [binary("ps-interop"), "bench", "--endpoints", ",".join(c.endpoints), "--table", table, "--rounds", str(args.reps + 1)]
                 if args.no_bulk:

@@ -39,6 +39,13 @@ def test_dense_push_pull_exact_over_both_transports(cluster: LocalCluster) -> No
         want = (np.float32(0) - LR * g1) - LR * g2
         assert ps.pull_dense("w").tobytes() == want.tobytes()
         assert grpc_only.pull_dense("w").tobytes() == want.tobytes()
+        buf = np.full(9700, 7, dtype=np.float32)
+        ps.pull_dense_into("w", buf)
+        assert buf.tobytes() == want.tobytes()
+        with pytest.raises(psclient.InvalidInput):
+            ps.pull_dense_into("w", np.zeros(9699, dtype=np.float32))
+        with pytest.raises(psclient.InvalidInput):
+            ps.pull_dense_into("w", np.zeros(9700, dtype=np.float64))
         bulk_calls = sum(st.bulk_calls for st in ps.stats())
         assert bulk_calls >= 4, "the plain-f32 calls went over the bulk stream"
 

@@ -253,6 +253,16 @@ impl PsClient {
         self.pull_dense_as(name, chunks, None).await
     }
 
+    /// Pulls the whole dense tensor `name` into `out`, which must hold exactly its values. A
+    /// caller that keeps one buffer from step to step spares each pull the fresh pages of a
+    /// new tensor (their faults and zeroing are the client's largest cost per byte of a large
+    /// pull once its copies are gone).
+    pub async fn pull_dense_into(&self, name: &str, out: &mut [f32]) -> Result<(), ClientError> {
+        let (_, shape) = self.dense_spec(name).await?;
+        self.pull_dense_as_into(name, 0..shape.num_chunks(), None, out)
+            .await
+    }
+
     /// Pulls `chunks` of `name` under `codec`, or the table's pull codec.
     async fn pull_dense_as(
         &self,
@@ -260,6 +270,23 @@ impl PsClient {
         chunks: Range<u64>,
         codec: Option<PullCodec>,
     ) -> Result<Vec<f32>, ClientError> {
+        let (_, shape) = self.dense_spec(name).await?;
+        let total: usize = chunks.clone().filter_map(|c| shape.chunk_len(c)).sum();
+        let mut out = vec![0.0f32; total];
+        self.pull_dense_as_into(name, chunks, codec, &mut out)
+            .await?;
+        Ok(out)
+    }
+
+    /// Pulls `chunks` of `name` under `codec`, or the table's pull codec, into `out` (exactly
+    /// their values).
+    async fn pull_dense_as_into(
+        &self,
+        name: &str,
+        chunks: Range<u64>,
+        codec: Option<PullCodec>,
+        out: &mut [f32],
+    ) -> Result<(), ClientError> {
         let (spec, shape) = self.dense_spec(name).await?;
         if chunks.end > shape.num_chunks() || chunks.start > chunks.end {
             return Err(ClientError::InvalidInput(format!(
@@ -268,21 +295,28 @@ impl PsClient {
             )));
         }
         let total: usize = chunks.clone().filter_map(|c| shape.chunk_len(c)).sum();
+        if out.len() != total {
+            return Err(ClientError::InvalidInput(format!(
+                "chunks {chunks:?} of `{name}` hold {total} values; the buffer holds {}",
+                out.len()
+            )));
+        }
         let state = self.inner.codecs.state_of(&spec.name);
         let codec = TableCodec {
             pull: codec.unwrap_or(state.codec.pull),
             ..state.codec
         };
         if let Some(ratio) = codec.pull.delta_ratio() {
-            return self
+            let values = self
                 .pull_dense_delta(&spec, &shape, chunks, ratio, &state.replica)
-                .await;
+                .await?;
+            out.copy_from_slice(&values);
+            return Ok(());
         }
         let accept = codec.pull.encoding();
         let bytes_per_value = codec.pull_bytes_per_value();
         let requests = self.plan_chunks(&spec, &shape, chunks.clone(), bytes_per_value);
         let table = spec.name.to_string();
-        let mut out = vec![0.0f32; total];
         // Each chunk's place in `out`, handed to the request that pulls it: answers are
         // decoded (or, by the bulk stream, read) straight into the tensor.
         let mut places: Vec<Option<&mut [f32]>> = out
@@ -351,7 +385,7 @@ impl PsClient {
             .buffer_unordered(self.inner.cfg.max_in_flight)
             .try_collect::<Vec<()>>()
             .await?;
-        Ok(out)
+        Ok(())
     }
 }
 

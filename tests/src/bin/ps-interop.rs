@@ -131,7 +131,8 @@ async fn sdk(cmd: Cmd) -> Result<()> {
             write_f32(out, &ps.pull_sparse(t, &read_u64(ids)?).await?)?;
         }
         Cmd::Bench { rounds, .. } => {
-            let n = ps.pull_dense(t).await?.len();
+            let mut w = ps.pull_dense(t).await?;
+            let n = w.len();
             // Values lz4 cannot shrink, as a real gradient's: the push stays plain f32.
             let grad: Vec<f32> = (0..n as u64)
                 .map(|i| (mix64(i) >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
@@ -141,9 +142,10 @@ async fn sdk(cmd: Cmd) -> Result<()> {
                 let start = std::time::Instant::now();
                 ps.push_dense(t, &grad).await?;
                 let pushed = start.elapsed().as_secs_f64();
-                let v = ps.pull_dense(t).await?;
+                // Into one buffer, as a training loop keeps its parameters.
+                ps.pull_dense_into(t, &mut w).await?;
                 secs.push([pushed, start.elapsed().as_secs_f64() - pushed]);
-                std::hint::black_box(v);
+                std::hint::black_box(&w);
             }
             println!("{}", serde_json::to_string(&secs)?);
         }

@@ -563,14 +563,25 @@ class Client:
     def pull_dense(self, name: str, *, exact: bool = False) -> F32Array:
         """Pulls the whole dense tensor ``name`` (flat f32; reshape to the table's shape as
         needed), under the table's pull codec (``exact``: f32 whatever it is)."""
+        out = np.empty(self._state(name).dense()[0], dtype=np.float32)
+        self.pull_dense_into(name, out, exact=exact)
+        return out
+
+    def pull_dense_into(self, name: str, out: F32Array, *, exact: bool = False) -> None:
+        """Pulls the whole dense tensor ``name`` into ``out``: a contiguous float32 array of
+        exactly its values. A caller that keeps one array from step to step spares each pull
+        the fresh pages of a new one."""
         st = self._state(name)
         n, ce, nchunks = st.dense()
+        if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous and out.size == n):
+            raise InvalidInput(f"table `{name}` holds {n} values: pull into a contiguous float32 array of that size")
+        out = out.reshape(-1)
         pull = "f32" if exact else st.pull
         if pull.startswith("delta-topk:"):
-            return self._pull_dense_delta(st, float(pull.split(":")[1]))
+            out[:] = self._pull_dense_delta(st, float(pull.split(":")[1]))
+            return
         accept = _PULL_ENCODINGS[pull]
         plan = self._plan(st, range(nchunks), 4.0 if accept == pb.ENCODING_F32 else 2.0)
-        out = np.empty(n, dtype=np.float32)
 
         def one(shard: int, chunks: List[int]) -> None:
             def attempt(s: _Shard, epoch: int) -> None:
@@ -593,7 +604,6 @@ class Client:
             self._call(shard, attempt)
 
         _first_error(self._fan([functools.partial(one, *r) for r in plan]))
-        return out
 
     def _pull_dense_delta(self, st: _TableState, ratio: float) -> F32Array:
         """Each chunk as the top ``ratio`` of its change since this client's last pull, added
