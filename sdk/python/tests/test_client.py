@@ -138,6 +138,7 @@ def test_compressed_pulls(cluster: LocalCluster) -> None:
         assert np.array_equal(ps.pull_dense("p"), cd.decode(cd.encode(exact, cd.Codec.parse("bf16"), min_values=0, lz4=False)))
         rows = ps.pull_sparse("r", np.arange(100))
         ps.set_table_codec("r", pull_codec="fp16")
+        ps.create_table(psclient.sparse_table("r", 16, initializer=psclient.normal(0, 1, seed=3)))  # the same again
         assert np.array_equal(ps.pull_sparse("r", np.arange(100)), rows.astype(np.float16).astype(np.float32))
         with pytest.raises(ValueError):
             ps.set_table_codec("p", pull_codec="delta-topk:0.5:x")

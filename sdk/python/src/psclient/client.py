@@ -403,7 +403,11 @@ class Client:
         answers = self._all(lambda s, e: s.stub.CreateTable(pb.CreateTableRequest(spec=spec), **self._opts()))
         stored = answers[0].spec
         with self._tables_lock:
-            self._tables.pop(stored.name, None)
+            # A table made again under another spec (after a drop elsewhere) starts afresh; the
+            # same spec keeps this client's codecs and residuals for it.
+            st = self._tables.get(stored.name)
+            if st is not None and st.spec != stored:
+                del self._tables[stored.name]
         return stored
 
     def describe_table(self, name: str) -> pb.DescribeTableResponse:
