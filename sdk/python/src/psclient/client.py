@@ -35,6 +35,7 @@ from .errors import (
     ServiceError,
     TopologyError,
     from_rpc_error,
+    retry_unreachable,
 )
 from .partition import Partitioner, table_hash
 
@@ -296,17 +297,14 @@ class Client:
 
     def _shard_info(self, s: _Shard) -> pb.ShardInfoResponse:
         """A shard's ShardInfo, retried while it cannot be reached (within the attempts)."""
-        backoff = self.initial_backoff
-        for attempt in range(self.max_attempts):
-            try:
-                return s.stub.ShardInfo(pb.ShardInfoRequest(), metadata=self._metadata, timeout=self.timeout or self.connect_timeout)
-            except grpc.RpcError as e:
-                err = from_rpc_error(e, endpoint=s.endpoint, shard=s.index)
-                if err.code != grpc.StatusCode.UNAVAILABLE or attempt + 1 == self.max_attempts:
-                    raise err from None
-            time.sleep(backoff)
-            backoff = min(backoff * 2, self.max_backoff)
-        raise AssertionError("unreachable")
+        return retry_unreachable(
+            lambda: s.stub.ShardInfo(pb.ShardInfoRequest(), metadata=self._metadata, timeout=self.timeout or self.connect_timeout),
+            endpoint=s.endpoint,
+            shard=s.index,
+            attempts=self.max_attempts,
+            backoff=self.initial_backoff,
+            max_backoff=self.max_backoff,
+        )
 
     def _opts(self) -> Dict[str, Any]:
         return {"metadata": self._metadata, "timeout": self.timeout}

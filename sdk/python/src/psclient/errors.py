@@ -4,11 +4,14 @@ exception's class is chosen by the reason first, then by the status code, and it
 so callers can act on them (never on the message)."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Type
+import time
+from typing import Callable, Dict, Optional, Tuple, Type, TypeVar
 
 import grpc
 
 ERROR_DOMAIN = "ps.v1"
+
+T = TypeVar("T")
 
 
 class PsError(Exception):
@@ -154,3 +157,28 @@ def from_rpc_error(e: grpc.RpcError, *, endpoint: str = "", shard: Optional[int]
         if key == "grpc-status-details-bin":
             details = value
     return make_error(e.code(), e.details() or "", details, endpoint=endpoint, shard=shard)  # type: ignore[attr-defined]
+
+
+def retry_unreachable(
+    call: Callable[[], T],
+    *,
+    endpoint: str,
+    shard: Optional[int] = None,
+    attempts: int,
+    backoff: float,
+    max_backoff: float,
+    codes: Tuple[grpc.StatusCode, ...] = (grpc.StatusCode.UNAVAILABLE,),
+) -> T:
+    """``call()``, asked again with exponential backoff while it fails with one of ``codes``
+    (the service cannot be reached), at most ``attempts`` times; any other refusal, or the
+    last one, raises its typed error."""
+    for attempt in range(max(attempts, 1)):
+        try:
+            return call()
+        except grpc.RpcError as e:
+            err = from_rpc_error(e, endpoint=endpoint, shard=shard)
+            if err.code not in codes or attempt + 1 >= attempts:
+                raise err from None
+        time.sleep(backoff)
+        backoff = min(backoff * 2, max_backoff)
+    raise AssertionError("unreachable")

@@ -20,7 +20,7 @@ import grpc
 from ._proto.ps.v1 import scheduler_pb2 as spb
 from ._proto.ps.v1 import scheduler_pb2_grpc as spb_grpc
 from .client import Client, Tls
-from .errors import PsError, ServiceError, from_rpc_error
+from .errors import PsError, ServiceError, retry_unreachable
 
 RETRY_CODES = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
 
@@ -61,17 +61,14 @@ class Session:
         self._heartbeat.start()
 
     def _rpc(self, method: str, req: Any) -> Any:
-        backoff = 0.05
-        for attempt in range(self._max_attempts):
-            try:
-                return getattr(self._stub, method)(req, metadata=self._metadata)
-            except grpc.RpcError as e:
-                err = from_rpc_error(e, endpoint=self.scheduler)
-                if err.code not in RETRY_CODES or attempt + 1 == self._max_attempts:
-                    raise err from None
-            time.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
-        raise AssertionError("unreachable")
+        return retry_unreachable(
+            lambda: getattr(self._stub, method)(req, metadata=self._metadata),
+            endpoint=self.scheduler,
+            attempts=self._max_attempts,
+            backoff=0.05,
+            max_backoff=1.0,
+            codes=RETRY_CODES,
+        )
 
     def _join(self, worker_id: int) -> spb.JoinJobResponse:
         return self._rpc("JoinJob", spb.JoinJobRequest(job=self.job, worker_name=self.name, worker_id=worker_id))
