@@ -394,15 +394,10 @@ fn bytes_of<'a>(grad: &'a [f32], r: &Range<usize>) -> &'a [u8] {
     bytemuck::cast_slice(&grad[r.clone()])
 }
 
-/// The caller's values as a push sends them: plain f32 stays in the caller's memory (a
-/// [`borrowed_f32`] payload, sent from there); another codec, or lz4 where its sample test
-/// says it may pay, encodes them as the encoder always does.
+/// The caller's values as a push sends them: what the encoder would send as they are stays in
+/// the caller's memory (a [`borrowed_f32`] payload, sent from there); anything else is encoded.
 fn plain_or_encoded(enc: &mut ps_codec::Encoder, values: &[f32]) -> ps_codec::Encoded {
-    let lz = enc.options().lz4;
-    let raw: &[u8] = bytemuck::cast_slice(values);
-    let may_compress =
-        lz.enabled && raw.len() >= lz.min_bytes && ps_codec::lz4::worth_trying(raw, lz.min_saving);
-    if enc.codec_for(values.len()) == ps_codec::Codec::F32 && !may_compress {
+    if enc.sends_plain(values) {
         return borrowed_f32(values.len());
     }
     enc.encode(values)

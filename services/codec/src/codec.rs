@@ -323,6 +323,21 @@ impl Encoder {
         }
     }
 
+    /// Whether lz4 is worth trying on `raw` under these options: enabled, big enough, and the
+    /// sample test says it may save `min_saving`.
+    fn lz4_may_pay(&self, raw: &[u8]) -> bool {
+        let lz = self.opts.lz4;
+        lz.enabled && raw.len() >= lz.min_bytes && lz4::worth_trying(raw, lz.min_saving)
+    }
+
+    /// Whether [`Encoder::encode`] would send `values` as they are, plain uncompressed f32:
+    /// the codec is f32 for them and lz4 would not be tried. A sender may then send them from
+    /// its own memory without encoding.
+    pub fn sends_plain(&self, values: &[f32]) -> bool {
+        self.codec_for(values.len()) == Codec::F32
+            && !self.lz4_may_pay(bytemuck::cast_slice(values))
+    }
+
     /// Encodes `values`.
     pub fn encode(&mut self, values: &[f32]) -> Encoded {
         let mut buf = Vec::new();
@@ -386,7 +401,7 @@ impl Encoder {
         }
         header.raw_len = raw.len() as u64;
         let lz = self.opts.lz4;
-        if lz.enabled && raw.len() >= lz.min_bytes && lz4::worth_trying(raw, lz.min_saving) {
+        if self.lz4_may_pay(raw) {
             let packed = lz4::compress(raw);
             if (packed.len() as f64) <= raw.len() as f64 * (1.0 - lz.min_saving) {
                 header.compression = Compression::Lz4;
