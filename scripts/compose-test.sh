@@ -47,6 +47,12 @@ teardown() {
   docker-compose logs --no-color --timestamps >"$log_dir/services.log" 2>&1 || true
   if [ "$rc" -ne 0 ]; then
     tail -n 80 "$log_dir/services.log" >&2 || true
+    # Last, so that a log's tail shows them: each container's state (a worker that exited and
+    # its status), and the drills' own last lines, the reason they failed among them.
+    echo "compose-test: the containers at the failure:" >&2
+    docker-compose ps >&2 || true
+    echo "compose-test: the drills' last lines (all in $log_dir/drills.log):" >&2
+    tail -n 25 "$log_dir/drills.log" >&2 || true
   fi
   docker-compose down -v --remove-orphans -t 10 >/dev/null 2>&1 || true
   exit "$rc"
@@ -55,4 +61,4 @@ trap teardown EXIT
 
 # The whole drill within COMPOSE_TEST_TIMEOUT seconds (default 15 minutes).
 timeout --signal=TERM --kill-after=30 "${COMPOSE_TEST_TIMEOUT:-900}" \
-  python3 -u scripts/compose_drills.py
+  python3 -u scripts/compose_drills.py 2>&1 | tee "$log_dir/drills.log"

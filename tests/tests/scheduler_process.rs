@@ -1,6 +1,7 @@
 //! The `scheduler` binary as a real child process: kill -9 mid-job and a restart on its data
 //! dir lose no job, checkpoint or map, while workers (SDK sessions) ride the restart out; a
-//! SIGTERM answers held long polls at once and exits 0; `psctl`'s exit codes say what went
+//! SIGTERM answers held long polls at once and exits 0, and the held worker rides that stop
+//! out too; `psctl`'s exit codes say what went
 //! wrong, for scripts; `psctl pull` reads a table through the scheduler's map.
 //!
 //! Needs the workspace's binaries (`cargo build --release` puts them next to the test).
@@ -234,7 +235,27 @@ async fn sigterm_answers_long_polls_at_once_and_exits_0() {
         !log.contains("did not finish within the grace period"),
         "{log}"
     );
-    held.abort();
+    // The held worker rides the stop out: its call repeated against the stopping server (a
+    // connection closed under it comes back as tonic's `internal`) and against no server at
+    // all is retried until the scheduler is back; then the second member's join lets it start.
+    let listen = url.trim_start_matches("http://").to_owned();
+    let (_sched_proc, url2) = scheduler_process(&data, &listen, &[]).await;
+    assert_eq!(url2, url);
+    let sched = SchedulerClient::connect(&url).await.unwrap();
+    let mut other = WorkerSession::join(sched, "held", "second").await.unwrap();
+    let (mine, theirs) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(60), held),
+        other.start()
+    );
+    let grant = mine
+        .expect("the held worker never started")
+        .unwrap()
+        .expect("the held worker gave up over the scheduler's stop");
+    let theirs = theirs.unwrap();
+    // Both start the job's first clock, each with its own data shard.
+    assert!(!grant.stop && !theirs.stop, "{grant:?} {theirs:?}");
+    assert_eq!((grant.clock, theirs.clock), (0, 0), "{grant:?} {theirs:?}");
+    assert_eq!(grant.data_shards.len() + theirs.data_shards.len(), 2);
 }
 
 /// `psctl`'s exit codes: 0 done, 2 bad usage or job file, 3 scheduler unreachable, 4 no such

@@ -96,12 +96,19 @@ pub(crate) fn reason_of(s: &tonic::Status) -> Option<String> {
 
 /// Whether a call may succeed if sent again: the shard said `unavailable`, or the connection
 /// failed under the call (tonic reports that as `unknown` with a transport error as its source,
-/// or as `cancelled` when the shard's process died while the request was in flight: this
-/// client still awaits the call, so nobody on its side cancelled it). Retrying a push is safe
-/// either way: it carries the same (client id, seq).
+/// as `cancelled` when the shard's process died while the request was in flight: this client
+/// still awaits the call, so nobody on its side cancelled it, or as `internal` when the server
+/// closed the HTTP/2 connection under it, as a stopping scheduler does to a long poll). Retrying
+/// a push is safe either way: it carries the same (client id, seq); so is a repeated clock
+/// report.
 pub(crate) fn is_transient(s: &tonic::Status) -> bool {
     match s.code() {
         tonic::Code::Unavailable | tonic::Code::Cancelled => true,
+        // tonic's own status for an HTTP/2 stream or connection that ended without a gRPC
+        // status: made on this side from the h2 error (its source), never sent by a server.
+        tonic::Code::Internal => {
+            std::error::Error::source(s).is_some() && s.message().starts_with("h2 protocol error")
+        }
         // Over the caller's own limits: the next attempt, after the backoff, may pass.
         tonic::Code::ResourceExhausted => {
             reason_of(s).as_deref() == Some(ps_core::wire::reason::CALLER_LIMIT)
@@ -117,5 +124,35 @@ pub(crate) fn is_transient(s: &tonic::Status) -> bool {
             s.message() == "transport error"
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_transient;
+    use tonic::{Code, Status};
+
+    /// A connection the server closed under a call (a scheduler stopping while a worker's long
+    /// poll waits) comes back from tonic as `internal`, made from the h2 error: it is retried.
+    /// The same code sent by a server is an answer, and is not.
+    #[test]
+    fn a_connection_closed_under_a_call_is_transient_and_a_servers_internal_is_not() {
+        for reason in [
+            h2::Reason::NO_ERROR,
+            h2::Reason::PROTOCOL_ERROR,
+            h2::Reason::INTERNAL_ERROR,
+        ] {
+            let cut = Status::from_error(Box::new(h2::Error::from(reason)));
+            assert_eq!(cut.code(), Code::Internal, "{cut:?}");
+            assert!(is_transient(&cut), "{cut:?}");
+        }
+        let refused = Status::from_error(Box::new(h2::Error::from(h2::Reason::REFUSED_STREAM)));
+        assert_eq!(refused.code(), Code::Unavailable);
+        assert!(is_transient(&refused));
+        assert!(!is_transient(&Status::internal(
+            "h2 protocol error: sent by a server"
+        )));
+        assert!(!is_transient(&Status::internal("the table's store failed")));
+        assert!(!is_transient(&Status::invalid_argument("bad shape")));
     }
 }
