@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import time
@@ -14,19 +15,33 @@ from typing import Dict, List, Optional, Sequence
 from .errors import PsError
 
 
-def bin_dir() -> pathlib.Path:
-    """``PS_BIN_DIR``, else the workspace's ``target/release`` (this file's checkout)."""
+def bin_dirs() -> List[pathlib.Path]:
+    """Where the binaries are looked for: ``PS_BIN_DIR`` alone when it is set; else the
+    ``target/release`` of the checkout this file is in (an editable install), then the current
+    directory's (an installed package run from the repository root)."""
     env = os.environ.get("PS_BIN_DIR")
     if env:
-        return pathlib.Path(env)
-    return pathlib.Path(__file__).resolve().parents[4] / "target" / "release"
+        return [pathlib.Path(env)]
+    checkout = pathlib.Path(__file__).resolve().parents[4] / "target" / "release"
+    return [checkout, pathlib.Path.cwd() / "target" / "release"]
 
 
 def binary(name: str) -> str:
-    path = bin_dir() / name
-    if not path.exists():
-        raise PsError(f"{path} is missing: build the workspace (cargo build --release --workspace --bins) or set PS_BIN_DIR")
-    return str(path)
+    """The path of the project binary ``name``: in :func:`bin_dirs`, else on ``PATH`` (unless
+    ``PS_BIN_DIR`` is set)."""
+    dirs = bin_dirs()
+    for d in dirs:
+        if (d / name).exists():
+            return str(d / name)
+    on_path = None if os.environ.get("PS_BIN_DIR") else shutil.which(name)
+    if on_path:
+        return on_path
+    looked = ", ".join(str(d) for d in dirs)
+    raise PsError(
+        f"{name} is not in {looked}"
+        + ("" if os.environ.get("PS_BIN_DIR") else " or on PATH")
+        + ": build the workspace (cargo build --release --workspace --bins) or set PS_BIN_DIR"
+    )
 
 
 class Service:
