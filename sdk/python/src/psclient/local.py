@@ -33,15 +33,12 @@ def binary(name: str) -> str:
     for d in dirs:
         if (d / name).exists():
             return str(d / name)
-    on_path = None if os.environ.get("PS_BIN_DIR") else shutil.which(name)
+    pinned = bool(os.environ.get("PS_BIN_DIR"))
+    on_path = None if pinned else shutil.which(name)
     if on_path:
         return on_path
-    looked = ", ".join(str(d) for d in dirs)
-    raise PsError(
-        f"{name} is not in {looked}"
-        + ("" if os.environ.get("PS_BIN_DIR") else " or on PATH")
-        + ": build the workspace (cargo build --release --workspace --bins) or set PS_BIN_DIR"
-    )
+    looked = ", ".join(str(d) for d in dirs) + ("" if pinned else " or on PATH")
+    raise PsError(f"{name} is not in {looked}: build the workspace (cargo build --release --workspace --bins) or set PS_BIN_DIR")
 
 
 class Service:
