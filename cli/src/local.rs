@@ -62,10 +62,16 @@ pub struct LocalArgs {
     /// The gradient codec of every table (f32, fp16, bf16, int8, sign, qsgd, topk:0.01, ...).
     #[arg(long, default_value = "f32")]
     pub codec: String,
-    /// How every table's pulls come back: f32, fp16, bf16, or delta-topk:R (dense tables as
-    /// the top R of each chunk's change since the worker's last pull; sparse tables in f32).
+    /// How every table's pulls come back: f32, fp16, bf16, int8 (a byte a value, a scale per
+    /// block of whole rows), or delta-topk:R (dense tables as the top R of each chunk's change
+    /// since the worker's last pull; sparse tables then in fp16).
     #[arg(long, default_value = "f32")]
     pub pull_codec: String,
+    /// How the sparse tables' rows come back, where it should differ from --pull-codec: f32,
+    /// fp16, bf16 or int8 (with --pull-codec delta-topk:R, the dense tables' delta pulls
+    /// beside compact rows).
+    #[arg(long, default_value = "")]
+    pub row_pull_codec: String,
     /// Give workers batches in proportion to their measured throughput.
     #[arg(long)]
     pub balance: bool,
@@ -407,6 +413,7 @@ optimizer = "{optimizer}"
 learning_rate = {lr}
 codec = "{codec}"
 pull_codec = "{pull_codec}"
+row_pull_codec = "{row_pull_codec}"
 "#,
         name = a.name,
         consistency = a.consistency,
@@ -432,6 +439,7 @@ pull_codec = "{pull_codec}"
         lr = a.lr,
         codec = a.codec,
         pull_codec = a.pull_codec,
+        row_pull_codec = a.row_pull_codec,
     )
 }
 

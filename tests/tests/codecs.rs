@@ -511,7 +511,41 @@ async fn pulls_in_half_precision_and_wire_metrics() {
             assert_eq!(a.to_bits(), round(*b).to_bits(), "{pull}");
         }
     }
-    // A pull may not ask for a lossy gradient codec.
+    // int8: a byte a value and a scale per block (256 values of a dense table; 8 rows of dim
+    // 4 of a sparse one), each value within half its block's step of the shard's.
+    for table in ["h", "he"] {
+        ps.set_table_codec(
+            table,
+            TableCodec {
+                pull: PullCodec::Int8,
+                ..TableCodec::default()
+            },
+        )
+        .unwrap();
+    }
+    let (wire_before, _) = ps.pulled_bytes();
+    let got = ps.pull_dense("h").await.unwrap();
+    let rows = ps.pull_sparse("he", &ids).await.unwrap();
+    let (wire_after, _) = ps.pulled_bytes();
+    // A dense block lies within its chunk (1000 values); a sparse one holds 8 rows of one
+    // shard's request, any of the 100: bound each value by its chunk's or the rows' largest.
+    for (got, exact, span) in [(&got, &exact, 1000), (&rows, &exact_rows, 400)] {
+        for (g, e) in got.chunks(span).zip(exact.chunks(span)) {
+            let half_step = e.iter().fold(0f32, |m, v| m.max(v.abs())) / 254.0;
+            for (a, b) in g.iter().zip(e) {
+                assert!((a - b).abs() <= half_step * 1.0001, "{a} against {b}");
+            }
+        }
+        assert_ne!(got, exact, "int8 rounds");
+    }
+    // 5000 + 400 values, a byte each, and their scales (20 dense blocks: each of the
+    // shards' chunks starts its own; 13 sparse ones at most, as the rows split by shard).
+    let wire = wire_after - wire_before;
+    assert!(
+        (5400 + 20 * 4..=5400 + 40 * 4).contains(&wire),
+        "{wire} bytes pulled"
+    );
+    // A pull may not ask for a gradient codec that is not a pull encoding.
     let mut raw = ParameterServerClient::connect(cluster.endpoints[0].clone())
         .await
         .unwrap();
@@ -519,7 +553,7 @@ async fn pulls_in_half_precision_and_wire_metrics() {
         .pull_dense(pb::PullDenseRequest {
             table: "h".into(),
             chunks: vec![0],
-            accept: encoding_to_pb(Encoding::Int8) as i32,
+            accept: encoding_to_pb(Encoding::Sign) as i32,
             map_epoch: 0,
             delta: None,
             trace_context: Default::default(),

@@ -450,6 +450,65 @@ async fn compressed_pulls_train_and_bring_fewer_bytes() {
     );
 }
 
+/// The sparse model with compressed pulls end to end: wide & deep on a CTR-shaped set, top-k
+/// pushes, the dense tables pulled as delta top-k and the rows in int8 (`--row-pull-codec`),
+/// trains as well as f32 and pulls about a quarter of the bytes (each row of 8 values comes as
+/// 8 bytes and a shared scale instead of 32 bytes; the ids are not counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sparse_model_trains_with_int8_rows_beside_delta_dense_pulls() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = |extra: &'static [&'static str], sub: &str| {
+        let mut args = vec![
+            "--dataset",
+            "synthetic-ctr:6000:20000:8:3",
+            "--model",
+            "wide-deep:8:16",
+            "--optimizer",
+            "adagrad",
+            "--lr",
+            "0.05",
+            "--epochs",
+            "2",
+            "--batch",
+            "64",
+        ];
+        args.extend(extra);
+        local(&args, &dir.path().join(sub))
+    };
+    let f32 = ps_cli::local::run(&run(&[], "f32")).await.unwrap();
+    let small = ps_cli::local::run(&run(
+        &[
+            "--codec",
+            "topk:0.1",
+            "--pull-codec",
+            "delta-topk:0.1",
+            "--row-pull-codec",
+            "int8",
+        ],
+        "int8",
+    ))
+    .await
+    .unwrap();
+    let (f, s) = (&f32.result, &small.result);
+    eprintln!(
+        "f32: {:.4} pulling {:.0} B a step; int8 rows: {:.4} pulling {:.0} B of {:.0}",
+        f.eval.test_accuracy,
+        f.pull_wire_bytes_per_step,
+        s.eval.test_accuracy,
+        s.pull_wire_bytes_per_step,
+        s.pull_raw_bytes_per_step
+    );
+    assert!(f.eval.test_accuracy > 0.55, "{:?}", f.eval);
+    assert!(
+        s.eval.test_accuracy > f.eval.test_accuracy - 0.02,
+        "{:?} against {:?}",
+        s.eval,
+        f.eval
+    );
+    let ratio = s.pull_wire_bytes_per_step / s.pull_raw_bytes_per_step;
+    assert!((0.1..0.4).contains(&ratio), "int8 rows: {ratio}");
+}
+
 /// Eviction by job clocks end to end: a worker trains logistic regression on Zipf ids, its
 /// pushes carry their clocks, and the shard keeps only the rows pushed in the last
 /// `ttl_clocks` clocks of the job (the model's `wide` table, listed in the job file with the

@@ -63,8 +63,9 @@ pub struct WorkerConfig {
     #[arg(long = "no-error-feedback", action = clap::ArgAction::SetFalse)]
     pub error_feedback: bool,
     /// How this worker pulls every table, in place of the job's pull codecs: f32, fp16, bf16,
-    /// or delta-topk:R (dense tables as the top R of each chunk's change since this worker's
-    /// last pull; sparse tables then pull in f32).
+    /// int8 (a byte a value and a scale per block of whole rows), or delta-topk:R (dense
+    /// tables as the top R of each chunk's change since this worker's last pull; sparse
+    /// tables then pull in fp16).
     #[arg(long, env = "PS_PULL_CODEC")]
     pub pull_codec: Option<ps_client::PullCodec>,
     /// Momentum applied here before the codec (Deep Gradient Compression's momentum
@@ -172,7 +173,13 @@ mod tests {
                 .pull_codec,
             Some(ps_client::PullCodec::DeltaTopK { ratio: 0.1 })
         );
-        let e = parse(&["--job", "j", "--pull-codec", "int8"]).unwrap_err();
+        assert_eq!(
+            parse(&["--job", "j", "--pull-codec", "int8"])
+                .unwrap()
+                .pull_codec,
+            Some(ps_client::PullCodec::Int8)
+        );
+        let e = parse(&["--job", "j", "--pull-codec", "sign"]).unwrap_err();
         assert!(e.to_string().contains("not a pull codec"), "{e}");
         let d = parse(&["--job", "j", "--name", "w"]).unwrap();
         assert_eq!((d.name.as_str(), d.prefetch_depth), ("w", 4));

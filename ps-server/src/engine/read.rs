@@ -82,7 +82,7 @@ impl<S: Store> Engine<S> {
                 .read();
             let current = &cell.data[..len];
             let payload = match &req.delta {
-                None => Payload::encode_plain(current, req.accept),
+                None => Payload::encode_plain(current, req.accept, 0),
                 Some(d) => {
                     let (payload, is_delta, version) = self.inner.delta_chunk(
                         table,
@@ -139,7 +139,7 @@ impl<S: Store> Engine<S> {
         }
         table.pulled(buf.len() as u64);
         m::pulled(table.spec.name.as_str(), "sparse", buf.len() as u64);
-        let payload = Payload::encode_plain(&buf, req.accept);
+        let payload = Payload::encode_plain(&buf, req.accept, dim);
         count_sent(table, &payload);
         Ok(payload)
     }

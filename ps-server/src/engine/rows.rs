@@ -20,6 +20,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use parking_lot::RwLock;
+use ps_codec::prefetch;
 
 use super::cell::Cell;
 
@@ -44,22 +45,6 @@ pub(super) fn warm(stripe: &Stripe, ids: impl Iterator<Item = u64>, values: usiz
             prefetch(line);
         }
     }
-}
-
-/// Asks the processor to bring `value`'s cache line in, without waiting for it: unlike a
-/// load, a prefetch retires at once, so the misses of a whole stripe's rows overlap.
-#[inline(always)]
-fn prefetch(value: &f32) {
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    // SAFETY: a prefetch reads nothing the program sees and cannot fault; the pointer comes
-    // from a live reference.
-    unsafe {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    std::hint::black_box(*value);
 }
 
 /// Marks a slot that `ByStripe::group` leaves out (stripes fit a byte).

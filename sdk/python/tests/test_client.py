@@ -155,9 +155,22 @@ def test_compressed_pulls(cluster: LocalCluster) -> None:
         for _ in range(6):
             last = ps.pull_dense("p")
         assert np.allclose(last, now, atol=2e-3), np.max(np.abs(last - now))
-        # Rows have no delta form: they come in f32.
+        # Rows have no delta form: they come in fp16.
         ps.set_table_codec("r", pull_codec="delta-topk:0.3")
-        assert np.array_equal(ps.pull_sparse("r", np.arange(100)), rows)
+        assert np.array_equal(ps.pull_sparse("r", np.arange(100)), rows.astype(np.float16).astype(np.float32))
+        # int8: a scale per block of whole rows (32 values: two rows of 16 of one shard's
+        # request here), each value within half a step of the shard's; dense tables take a
+        # scale per 256 values of a chunk.
+        ps.set_table_codec("r", pull_codec="int8")
+        got = ps.pull_sparse("r", np.arange(100))
+        step = np.abs(rows).max() / 127.0
+        assert np.max(np.abs(got - rows)) <= step / 2 * 1.0001
+        assert not np.array_equal(got, rows)
+        ps.set_table_codec("p", pull_codec="int8")
+        got = ps.pull_dense("p")
+        step = np.abs(now.reshape(-1, 250)).max() / 127.0
+        assert np.max(np.abs(got - now)) <= step / 2 * 1.0001
+        assert np.array_equal(ps.pull_dense("p", exact=True), now)
 
 
 def test_pushes_apply_exactly_once_across_a_shard_crash(tmp_path: pathlib.Path) -> None:

@@ -191,8 +191,9 @@ impl PsClient {
         &self.inner.partitioner
     }
 
-    /// Time this client has spent encoding dense pushes (the codec and its error feedback),
-    /// over its life: what a training step spends on compression.
+    /// Time this client has spent encoding pushes, dense and sparse (grouping rows by shard,
+    /// the codec and its error feedback), over its life: what a training step spends on
+    /// compression.
     pub fn encode_time(&self) -> std::time::Duration {
         std::time::Duration::from_nanos(self.inner.encode_nanos.load(Ordering::Relaxed))
     }

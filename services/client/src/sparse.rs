@@ -30,6 +30,7 @@ impl PsClient {
             )));
         }
         let (codec, sender) = self.inner.codecs.get(&spec.name);
+        let started = std::time::Instant::now();
         let groups = self.group_ids(&spec, ids, dim, codec.push.codec.max_bytes_per_value());
         // Encode every request under the table's lock, with per-row error feedback.
         let requests: Vec<(usize, Vec<u64>, Encoded)> = {
@@ -54,6 +55,10 @@ impl PsClient {
             }
             out
         };
+        self.inner.encode_nanos.fetch_add(
+            started.elapsed().as_nanos() as u64,
+            std::sync::atomic::Ordering::Relaxed,
+        );
         let table = spec.name.to_string();
         let codec_name = codec.push.codec.to_string();
         let clock = Some(self.inner.clock.load(std::sync::atomic::Ordering::Relaxed))

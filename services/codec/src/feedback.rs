@@ -94,32 +94,50 @@ impl ErrorFeedback {
 
 /// Error feedback for the rows of an embedding table: one residual per row id, added to that
 /// row's gradient the next time the row is pushed. Rows with nothing owed take no memory.
+///
+/// The residuals live in one arena (`dim` values a slot, freed slots reused), found by id
+/// through one map: a push looks each of its rows up once, and allocates nothing per row.
 #[derive(Debug, Clone)]
 pub struct RowErrorFeedback {
     dim: usize,
-    rows: HashMap<u64, Vec<f32>>,
+    /// Row id to its slot in `values`.
+    slots: HashMap<u64, u32, foldhash::fast::RandomState>,
+    values: Vec<f32>,
+    free: Vec<u32>,
 }
 
 impl RowErrorFeedback {
     pub fn new(dim: usize) -> Self {
         Self {
             dim,
-            rows: HashMap::new(),
+            slots: HashMap::default(),
+            values: Vec::new(),
+            free: Vec::new(),
         }
     }
 
     /// Rows that hold a residual.
     pub fn len(&self) -> usize {
-        self.rows.len()
+        self.slots.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.rows.is_empty()
+        self.slots.is_empty()
     }
 
     /// The residual of row `id`, if it has one.
     pub fn residual(&self, id: u64) -> Option<&[f32]> {
-        self.rows.get(&id).map(Vec::as_slice)
+        self.slots.get(&id).map(|&s| self.slot(s))
+    }
+
+    fn slot(&self, s: u32) -> &[f32] {
+        let at = s as usize * self.dim;
+        &self.values[at..at + self.dim]
+    }
+
+    fn slot_mut(&mut self, s: u32) -> &mut [f32] {
+        let at = s as usize * self.dim;
+        &mut self.values[at..at + self.dim]
     }
 
     fn check(&self, ids: &[u64], values: usize) -> Result<(), CodecError> {
@@ -134,15 +152,48 @@ impl RowErrorFeedback {
         Ok(())
     }
 
-    /// Adds `rows` (row after row, for `ids`) into the residuals, summing duplicate ids.
-    fn add_rows(&mut self, ids: &[u64], rows: &[f32]) {
-        for (&id, row) in ids.iter().zip(rows.chunks_exact(self.dim.max(1))) {
-            let r = self.rows.entry(id).or_insert_with(|| vec![0.0; self.dim]);
-            for (a, b) in r.iter_mut().zip(row) {
+    /// The slot of row `id`, a zeroed one made for it when it has none.
+    fn slot_for(&mut self, id: u64) -> u32 {
+        if let Some(&s) = self.slots.get(&id) {
+            return s;
+        }
+        let s = match self.free.pop() {
+            Some(s) => {
+                self.slot_mut(s).fill(0.0);
+                s
+            }
+            None => {
+                let s = (self.values.len() / self.dim.max(1)) as u32;
+                self.values.resize(self.values.len() + self.dim, 0.0);
+                s
+            }
+        };
+        self.slots.insert(id, s);
+        s
+    }
+
+    /// Adds `rows` (row after row, for `ids`, whose slots are `known` where already found)
+    /// into the residuals, summing duplicate ids. A row whose residual comes to zero gives its
+    /// slot back; only the rows of `ids` are looked at, so the cost is that of the push,
+    /// however many rows hold a residual.
+    fn add_rows(&mut self, ids: &[u64], rows: &[f32], known: Option<&[Option<u32>]>) {
+        let dim = self.dim.max(1);
+        let mut touched = Vec::with_capacity(ids.len());
+        for (p, (&id, row)) in ids.iter().zip(rows.chunks_exact(dim)).enumerate() {
+            let s = match known.and_then(|k| k[p]) {
+                Some(s) => s,
+                None => self.slot_for(id),
+            };
+            for (a, b) in self.slot_mut(s).iter_mut().zip(row) {
                 *a += b;
             }
+            touched.push((id, s));
         }
-        self.rows.retain(|_, r| r.iter().any(|v| *v != 0.0));
+        for (id, s) in touched {
+            if self.slot(s).iter().all(|v| *v == 0.0) && self.slots.remove(&id).is_some() {
+                self.free.push(s);
+            }
+        }
     }
 
     /// Encodes the gradient rows of `ids` (each row plus its residual; a duplicate id gets its
@@ -156,17 +207,51 @@ impl RowErrorFeedback {
         self.check(ids, grads.len())?;
         let dim = self.dim;
         let mut acc = grads.to_vec();
-        for (p, id) in ids.iter().enumerate() {
-            if let Some(r) = self.rows.remove(id) {
-                for (a, b) in acc[p * dim..(p + 1) * dim].iter_mut().zip(&r) {
-                    *a += b;
+        // The rows are found first, and their residuals' cache lines asked for, before any is
+        // used: the lookups do not depend on each other, so their cache misses (the map's,
+        // the residual's) overlap. A worker's table of residuals grows with the rows it has
+        // pushed, far past the processor's caches; one lookup after another, each waiting
+        // for its misses, was most of a push's encoding.
+        let known: Vec<Option<u32>> = ids
+            .iter()
+            .map(|id| {
+                let s = self.slots.get(id).copied();
+                if let Some(s) = s {
+                    let at = s as usize * dim;
+                    for line in self.values[at..at + dim].iter().step_by(16) {
+                        crate::prefetch(line);
+                    }
+                }
+                s
+            })
+            .collect();
+        for (p, s) in known.iter().enumerate() {
+            if let Some(s) = *s {
+                // Taken into this push: the slot is emptied (a duplicate id adds nothing more)
+                // and refilled below with what the codec drops.
+                let at = s as usize * dim;
+                for (a, r) in acc[p * dim..(p + 1) * dim]
+                    .iter_mut()
+                    .zip(&mut self.values[at..at + dim])
+                {
+                    *a += *r;
+                    *r = 0.0;
                 }
             }
         }
         let e = enc.encode(&acc);
-        if !e.header.encoding.is_lossless() {
+        if e.header.encoding.is_lossless() {
+            // Everything went: the emptied slots are free again.
+            for (id, s) in ids.iter().zip(&known) {
+                if s.is_some()
+                    && let Some(s) = self.slots.remove(id)
+                {
+                    self.free.push(s);
+                }
+            }
+        } else {
             e.decode_add(&mut acc, -1.0)?;
-            self.add_rows(ids, &acc);
+            self.add_rows(ids, &acc, Some(&known));
         }
         Ok(e)
     }
@@ -175,7 +260,7 @@ impl RowErrorFeedback {
     pub fn restore(&mut self, ids: &[u64], sent: &Encoded) -> Result<(), CodecError> {
         self.check(ids, sent.header.num_values as usize)?;
         let decoded = sent.to_vec()?;
-        self.add_rows(ids, &decoded);
+        self.add_rows(ids, &decoded, None);
         Ok(())
     }
 }

@@ -12,7 +12,7 @@
 //! - [`ErrorFeedback`] and [`RowErrorFeedback`] (`feedback`): the residual a lossy codec dropped,
 //!   kept by the sender and added to the next gradient; per tensor for dense tables and per row
 //!   for embedding tables.
-//! - [`PullCodec`] (`pull`): how a table's pulls come back: f32, fp16, bf16 or the top-k of
+//! - [`PullCodec`] (`pull`): how a table's pulls come back: f32, fp16, bf16, int8 or the top-k of
 //!   the change since the client's last pull.
 //! - `quant`, `sparse`, `lz4`: the kernels behind each layout.
 //!
@@ -47,6 +47,23 @@ use bytes::Bytes;
 pub use codec::{Codec, CompressOptions, Encoder, Lz4Policy, ParseCodecError, SparseValues};
 pub use feedback::{ErrorFeedback, RowErrorFeedback};
 pub use pull::PullCodec;
+
+/// Asks the processor to bring `value`'s cache line in, without waiting for it: unlike a
+/// load, a prefetch retires at once, so the misses of many independent lookups (a push's
+/// rows) overlap instead of following one another.
+#[inline(always)]
+pub fn prefetch(value: &f32) {
+    #[cfg(target_arch = "x86_64")]
+    #[allow(unsafe_code)]
+    // SAFETY: a prefetch reads nothing the program sees and cannot fault; the pointer comes
+    // from a live reference.
+    unsafe {
+        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast());
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    std::hint::black_box(*value);
+}
 
 /// Largest block (bucket) size a header may name.
 pub const MAX_BLOCK: u32 = 1 << 24;

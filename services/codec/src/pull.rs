@@ -9,13 +9,16 @@ use crate::{Encoding, ParseCodecError};
 
 /// How a table's pulls travel.
 ///
-/// Written as text (flags, job files) as `f32`, `fp16`, `bf16` or `delta-topk:R`:
+/// Written as text (flags, job files) as `f32`, `fp16`, `bf16`, `int8` or `delta-topk:R`:
 /// - `fp16`, `bf16`: every value rounded to 16 bits by the shard (half the bytes of f32);
+/// - `int8`: one byte per value and one f32 scale per block ([`PullCodec::int8_block`]: a
+///   sparse table's block holds whole rows), about 0.28 of f32's bytes; each value within half
+///   a step (its block's largest magnitude / 254) of what the shard holds;
 /// - `delta-topk:R`: a dense chunk comes as the top `R` (a ratio in (0, 1]) of its change
 ///   since this client's last pull, as fp16 values with their indices, added to the client's
 ///   copy. The shard keeps the matching copy per client (within its replica memory budget);
 ///   what a pull leaves out stays in the difference and comes in later pulls. A chunk the
-///   shard holds no copy for comes whole in f32. Sparse rows are pulled in f32 under it.
+///   shard holds no copy for comes whole in f32. Sparse rows are pulled in fp16 under it.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum PullCodec {
@@ -23,6 +26,7 @@ pub enum PullCodec {
     F32,
     F16,
     Bf16,
+    Int8,
     DeltaTopK {
         ratio: f64,
     },
@@ -34,8 +38,35 @@ impl PullCodec {
         match self {
             Self::F16 => Encoding::F16,
             Self::Bf16 => Encoding::Bf16,
+            Self::Int8 => Encoding::Int8,
             Self::F32 | Self::DeltaTopK { .. } => Encoding::F32,
         }
+    }
+
+    /// Bytes per value of an answer in `encoding` for rows of `dim` values (0: a dense
+    /// table's), scales included.
+    pub fn bytes_per_value(encoding: Encoding, dim: usize) -> f64 {
+        match encoding {
+            Encoding::F16 | Encoding::Bf16 => 2.0,
+            Encoding::Int8 => 1.0 + 4.0 / Self::int8_block(dim) as f64,
+            _ => 4.0,
+        }
+    }
+
+    /// The values per scale of an int8 answer: for rows of `dim` values, the fewest whole rows
+    /// that make at least 32 values (so a row never shares a scale with part of another, and a
+    /// table of dim 1 still pays a byte and an eighth a value), at most 4096 values (a row
+    /// longer than that takes several); for a dense table (`dim` 0), 256.
+    pub fn int8_block(dim: usize) -> usize {
+        const MIN: usize = 32;
+        const MAX: usize = 4096;
+        if dim == 0 {
+            return 256;
+        }
+        if dim > MAX {
+            return MAX;
+        }
+        (MIN.div_ceil(dim) * dim).min(MAX / dim * dim)
     }
 
     /// The ratio of a delta pull.
@@ -47,10 +78,11 @@ impl PullCodec {
     }
 
     /// What a sparse table pulls when this codec is set for every table: delta pulls are of
-    /// dense chunks, so rows then come in f32.
+    /// dense chunks, so rows then come in fp16 (a compressed pull was asked for; a row has no
+    /// earlier copy on the client to send the change against).
     pub fn for_rows(self) -> Self {
         if self.delta_ratio().is_some() {
-            Self::F32
+            Self::F16
         } else {
             self
         }
@@ -73,6 +105,7 @@ impl fmt::Display for PullCodec {
             Self::F32 => f.write_str("f32"),
             Self::F16 => f.write_str("fp16"),
             Self::Bf16 => f.write_str("bf16"),
+            Self::Int8 => f.write_str("int8"),
             Self::DeltaTopK { ratio } => write!(f, "delta-topk:{ratio}"),
         }
     }
@@ -88,6 +121,7 @@ impl FromStr for PullCodec {
                 "f32" => Self::F32,
                 "fp16" | "f16" => Self::F16,
                 "bf16" => Self::Bf16,
+                "int8" => Self::Int8,
                 "delta-topk" => {
                     return Err(ParseCodecError(format!(
                         "`{s}` needs a ratio, as in `delta-topk:0.1`"
@@ -95,7 +129,7 @@ impl FromStr for PullCodec {
                 }
                 _ => {
                     return Err(ParseCodecError(format!(
-                        "`{s}` is not a pull codec; use f32, fp16, bf16 or delta-topk:RATIO"
+                        "`{s}` is not a pull codec; use f32, fp16, bf16, int8 or delta-topk:RATIO"
                     )));
                 }
             },
@@ -106,7 +140,7 @@ impl FromStr for PullCodec {
             },
             Some(_) => {
                 return Err(ParseCodecError(format!(
-                    "`{s}` is not a pull codec; use f32, fp16, bf16 or delta-topk:RATIO"
+                    "`{s}` is not a pull codec; use f32, fp16, bf16, int8 or delta-topk:RATIO"
                 )));
             }
         };
@@ -125,6 +159,7 @@ mod tests {
             PullCodec::F32,
             PullCodec::F16,
             PullCodec::Bf16,
+            PullCodec::Int8,
             PullCodec::DeltaTopK { ratio: 0.05 },
         ] {
             assert_eq!(c.to_string().parse::<PullCodec>().unwrap(), c);
@@ -137,11 +172,28 @@ mod tests {
         assert_eq!(PullCodec::Bf16.encoding(), Encoding::Bf16);
         assert_eq!(
             PullCodec::DeltaTopK { ratio: 0.1 }.for_rows(),
-            PullCodec::F32
+            PullCodec::F16
         );
+        assert_eq!(PullCodec::Int8.for_rows(), PullCodec::Int8);
+        assert_eq!(PullCodec::Int8.encoding(), Encoding::Int8);
+        // Whole rows per scale, at least 32 values, at most 4096.
+        for (dim, block) in [
+            (0, 256),
+            (1, 32),
+            (3, 33),
+            (32, 32),
+            (48, 48),
+            (64, 64),
+            (4096, 4096),
+            (5000, 4096),
+            (3000, 3000),
+        ] {
+            assert_eq!(PullCodec::int8_block(dim), block, "dim {dim}");
+        }
+        assert!((PullCodec::bytes_per_value(Encoding::Int8, 32) - 1.125).abs() < 1e-9);
         assert_eq!(PullCodec::F16.for_rows(), PullCodec::F16);
         for (bad, says) in [
-            ("int8", "not a pull codec"),
+            ("int8:64", "not a pull codec"),
             ("delta-topk", "needs a ratio"),
             ("delta-topk:0", "(0, 1]"),
             ("delta-topk:1.5", "(0, 1]"),

@@ -386,7 +386,7 @@ fn check_pull(spec: &TableSpec, pull: PullCodec) -> Result<(), ValidationError> 
         return Err(ValidationError::new(
             "pull_codec",
             format!(
-                "`{pull}` is for dense tables; sparse table `{}` pulls in f32, fp16 or bf16",
+                "`{pull}` is for dense tables; sparse table `{}` pulls in f32, fp16, bf16 or int8",
                 spec.name
             ),
         ));
@@ -468,7 +468,12 @@ impl From<&JobSpec> for pb::JobSpec {
 /// learning_rate = 0.1
 /// momentum = 0.9
 /// codec = "fp16"
-/// pull_codec = "fp16"     # f32 | fp16 | bf16 | delta-topk:0.1 (dense tables)
+/// pull_codec = "fp16"     # f32 | fp16 | bf16 | int8 | delta-topk:0.1 (dense tables)
+///
+/// [model_tables]           # what the model's tables not listed above share
+/// optimizer = "adagrad"
+/// pull_codec = "delta-topk:0.02"
+/// row_pull_codec = "int8"  # the sparse tables' (default: pull_codec, fp16 under delta-topk)
 /// ```
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -552,9 +557,13 @@ struct TableToml {
     max_rows: u64,
     #[serde(default)]
     codec: String,
-    /// f32 (the default) | fp16 | bf16 | delta-topk:RATIO (dense tables only)
+    /// f32 (the default) | fp16 | bf16 | int8 | delta-topk:RATIO (dense tables only)
     #[serde(default)]
     pull_codec: String,
+    /// In `[model_tables]` only: the sparse tables' pull codec, where it should differ from
+    /// `pull_codec` (which the dense tables take).
+    #[serde(default)]
+    row_pull_codec: String,
 }
 
 impl TableToml {
@@ -689,8 +698,23 @@ impl TableToml {
         }
         let codec = parse_codec(&self.codec)?;
         let mut pull = parse_pull_codec(&self.pull_codec)?;
+        if !self.row_pull_codec.is_empty() && !shared {
+            return Err(ValidationError::new(
+                "row_pull_codec",
+                format!(
+                    "table `{}`: row_pull_codec belongs in [model_tables]; a listed table sets \
+                     its own pull_codec",
+                    self.name
+                ),
+            ));
+        }
         if shared && spec.dense_shape().is_none() {
-            pull = pull.for_rows();
+            pull = if self.row_pull_codec.is_empty() {
+                pull.for_rows()
+            } else {
+                parse_pull_codec(&self.row_pull_codec)
+                    .map_err(|e| ValidationError::new("row_pull_codec", e.reason))?
+            };
         }
         check_pull(&spec, pull)?;
         Ok(JobTable {
@@ -866,9 +890,9 @@ max_rows = 1000000
     }
 
     /// Pull codecs shared by every model table: delta pulls go to the dense tables, and the
-    /// sparse ones keep f32 (they have no chunks to diff).
+    /// sparse ones pull in fp16 (they have no chunks to diff).
     #[test]
-    fn a_shared_delta_pull_codec_leaves_sparse_tables_in_f32() {
+    fn a_shared_delta_pull_codec_leaves_sparse_tables_in_fp16() {
         let text = r#"
 name = "wd"
 consistency = "bsp"
@@ -887,11 +911,36 @@ pull_codec = "delta-topk:0.25"
         })
         .unwrap();
         assert_eq!(spec.tables[0].pull, PullCodec::DeltaTopK { ratio: 0.25 });
-        assert_eq!(spec.tables[1].pull, PullCodec::F32);
+        assert_eq!(spec.tables[1].pull, PullCodec::F16);
         let fp16 = JobSpec::from_toml_for_model(&text.replace("delta-topk:0.25", "fp16"), |_| {
             Ok(vec![TableSpec::sparse("s", 8)?])
         })
         .unwrap();
         assert_eq!(fp16.tables[0].pull, PullCodec::F16);
+        // The rows' own codec beside the dense tables' delta pulls.
+        let rows = text.replace(
+            "pull_codec = \"delta-topk:0.25\"",
+            "pull_codec = \"delta-topk:0.25\"\nrow_pull_codec = \"int8\"",
+        );
+        let spec = JobSpec::from_toml_for_model(&rows, |_| {
+            Ok(vec![
+                TableSpec::dense("d", &[4, 4])?,
+                TableSpec::sparse("s", 8)?,
+            ])
+        })
+        .unwrap();
+        assert_eq!(spec.tables[0].pull, PullCodec::DeltaTopK { ratio: 0.25 });
+        assert_eq!(spec.tables[1].pull, PullCodec::Int8);
+        for (bad, says) in [
+            ("row_pull_codec = \"delta-topk:0.1\"", "for dense tables"),
+            ("row_pull_codec = \"sign\"", "not a pull codec"),
+        ] {
+            let e = JobSpec::from_toml_for_model(
+                &text.replace("pull_codec = \"delta-topk:0.25\"", bad),
+                |_| Ok(vec![TableSpec::sparse("s", 8)?]),
+            )
+            .unwrap_err();
+            assert!(e.to_string().contains(says), "{bad}: {e}");
+        }
     }
 }

@@ -51,17 +51,17 @@ fn encoding_from_pb(v: i32, field: &str) -> Result<Encoding, ValidationError> {
     })
 }
 
-/// The encoding a pull asks for its answer: f32 (also when unset), f16 or bf16.
+/// The encoding a pull asks for its answer: f32 (also when unset), f16, bf16 or int8.
 pub fn accept_from_pb(v: i32) -> Result<Encoding, ValidationError> {
     if v == pb::Encoding::Unspecified as i32 {
         return Ok(Encoding::F32);
     }
     let e = encoding_from_pb(v, "accept")?;
     match e {
-        Encoding::F32 | Encoding::F16 | Encoding::Bf16 => Ok(e),
+        Encoding::F32 | Encoding::F16 | Encoding::Bf16 | Encoding::Int8 => Ok(e),
         other => Err(ValidationError::new(
             "accept",
-            format!("pulls are answered in f32, f16 or bf16, not {other}"),
+            format!("pulls are answered in f32, f16, bf16 or int8, not {other}"),
         )),
     }
 }
@@ -92,11 +92,17 @@ impl Payload {
         }
     }
 
-    /// Encodes `values` as `encoding` when it is f16 or bf16 (the pull encodings), else as f32.
-    pub fn encode_plain(values: &[f32], encoding: Encoding) -> Self {
+    /// Encodes `values` as `encoding` when it is f16, bf16 or int8 (the pull encodings), else
+    /// as f32. `dim` is the row length of a sparse table's values (0 for a dense table's): an
+    /// int8 answer takes one scale per [`ps_codec::PullCodec::int8_block`] values.
+    pub fn encode_plain(values: &[f32], encoding: Encoding, dim: usize) -> Self {
         let codec = match encoding {
             Encoding::F16 => Codec::F16,
             Encoding::Bf16 => Codec::Bf16,
+            Encoding::Int8 => Codec::Int8 {
+                // At most 4096: fits a u32.
+                block: ps_codec::PullCodec::int8_block(dim) as u32,
+            },
             _ => return Self::from_f32(values),
         };
         let opts = CompressOptions {
@@ -302,6 +308,37 @@ mod tests {
         assert!(e.reason.contains("block_size 0"), "{e}");
         assert!(accept_from_pb(pb::Encoding::Sign as i32).is_err());
         assert_eq!(accept_from_pb(0).unwrap(), Encoding::F32);
+        assert_eq!(
+            accept_from_pb(pb::Encoding::Int8 as i32).unwrap(),
+            Encoding::Int8
+        );
+    }
+
+    #[test]
+    fn int8_answers_take_a_scale_per_whole_rows() {
+        // Two rows of dim 32 with very different magnitudes: each keeps its own scale.
+        let values: Vec<f32> = (0..64)
+            .map(|i| {
+                if i < 32 {
+                    i as f32 * 1e-3
+                } else {
+                    i as f32 * 10.0
+                }
+            })
+            .collect();
+        let p = Payload::encode_plain(&values, Encoding::Int8, 32);
+        assert_eq!(p.encoding(), Encoding::Int8);
+        assert_eq!(p.header().block_size, 32);
+        assert_eq!(p.data().len(), 64 + 2 * 4);
+        let back = p.to_vec().unwrap();
+        for (row, scale) in [(0..32, 31e-3 / 254.0), (32..64, 630.0 / 254.0)] {
+            for i in row {
+                assert!((back[i] - values[i]).abs() <= scale * 1.0001, "{i}");
+            }
+        }
+        // A dense table's answer: 256 values a scale.
+        let dense = Payload::encode_plain(&vec![1.0; 1000], Encoding::Int8, 0);
+        assert_eq!(dense.header().block_size, 256);
     }
 
     #[test]

@@ -10,7 +10,7 @@
 //! | `adult` | the Adult census table (`adult.csv.gz`): categorical and bucketized numeric columns hashed to ids |
 //! | `libsvm:TRAIN[,TEST]` | LIBSVM text files (sparse; the test file optional) |
 //! | `synthetic-dense:N:DIM:CLASSES` | Gaussian clusters, generated per sample from the seed |
-//! | `synthetic-ctr:N:IDS:FIELDS` | Zipf-distributed ids over `FIELDS` fields, labels from a planted logistic model |
+//! | `synthetic-ctr:N:IDS:FIELDS[:SEED]` | Zipf-distributed ids over `FIELDS` fields, labels from a planted logistic model; from `SEED` when given (the same set whatever the job's seed), else from the job's seed |
 
 mod csv;
 mod idx;
@@ -351,6 +351,8 @@ pub enum DatasetSpec {
         n: usize,
         ids: u64,
         fields: usize,
+        /// The set's own seed, in place of the job's.
+        seed: Option<u64>,
     },
 }
 
@@ -406,18 +408,26 @@ impl DatasetSpec {
                 }
             }
             "synthetic-ctr" => {
-                let [n, ids, fields] = numbers::<3>(name, rest)?;
+                let (dims, seed) = match rest.rsplit_once(':') {
+                    Some((dims, seed)) if rest.matches(':').count() == 3 => {
+                        let [seed] = numbers::<1>(name, seed)?;
+                        (dims, Some(seed))
+                    }
+                    _ => (rest, None),
+                };
+                let [n, ids, fields] = numbers::<3>(name, dims)?;
                 Self::SyntheticCtr {
                     n: n as usize,
                     ids,
                     fields: fields as usize,
+                    seed,
                 }
             }
             _ => {
                 return Err(spec_err(
                     name,
                     "use fashion-mnist, idx:DIR, adult, libsvm:TRAIN[,TEST], \
-                     synthetic-dense:N:DIM:CLASSES or synthetic-ctr:N:IDS:FIELDS",
+                     synthetic-dense:N:DIM:CLASSES or synthetic-ctr:N:IDS:FIELDS[:SEED]",
                 ));
             }
         })
@@ -488,8 +498,14 @@ impl DatasetSpec {
                     test: Arc::new(SyntheticDense::new(test_n, *dim, *classes, seed, 1)),
                 })
             }
-            Self::SyntheticCtr { n, ids, fields } => {
+            Self::SyntheticCtr {
+                n,
+                ids,
+                fields,
+                seed: own,
+            } => {
                 let test_n = (n / 6).max(1);
+                let seed = own.unwrap_or(seed);
                 Ok(Split {
                     train: Arc::new(SyntheticCtr::new(*n, *ids, *fields, seed, 0)),
                     test: Arc::new(SyntheticCtr::new(test_n, *ids, *fields, seed, 1)),
@@ -545,10 +561,47 @@ mod tests {
                 classes: 4
             }
         );
+        assert_eq!(
+            DatasetSpec::parse("synthetic-ctr:100:50:4").unwrap(),
+            DatasetSpec::SyntheticCtr {
+                n: 100,
+                ids: 50,
+                fields: 4,
+                seed: None
+            }
+        );
+        // A set of its own seed: the same examples whatever the job's seed.
+        let own = DatasetSpec::parse("synthetic-ctr:100:50:4:7").unwrap();
+        assert_eq!(
+            own,
+            DatasetSpec::SyntheticCtr {
+                n: 100,
+                ids: 50,
+                fields: 4,
+                seed: Some(7)
+            }
+        );
+        let (a, b, c) = (
+            own.load(None, 1).unwrap(),
+            own.load(None, 2).unwrap(),
+            DatasetSpec::parse("synthetic-ctr:100:50:4")
+                .unwrap()
+                .load(None, 2)
+                .unwrap(),
+        );
+        let batches = [a, b, c].map(|s| {
+            let mut out = Batch::empty(Input::Sparse);
+            s.train.gather(&[0, 1, 2, 3], &mut out);
+            out
+        });
+        assert_eq!(batches[0], batches[1]);
+        assert_ne!(batches[0], batches[2]);
         for bad in [
             "mnist2",
             "synthetic-dense:10:0:3",
             "synthetic-ctr:5",
+            "synthetic-ctr:5:5:5:0",
+            "synthetic-ctr:5:5:5:5:5",
             "idx:",
         ] {
             let e = DatasetSpec::parse(bad).unwrap_err().to_string();

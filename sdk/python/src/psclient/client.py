@@ -45,7 +45,13 @@ F32Array = npt.NDArray[np.float32]
 
 # Most bytes a gRPC message may take, each way (the shards' own limit is lower: ShardInfo).
 MAX_MESSAGE = 1 << 30
-_PULL_ENCODINGS = {"f32": pb.ENCODING_F32, "fp16": pb.ENCODING_F16, "f16": pb.ENCODING_F16, "bf16": pb.ENCODING_BF16}
+_PULL_ENCODINGS = {
+    "f32": pb.ENCODING_F32,
+    "fp16": pb.ENCODING_F16,
+    "f16": pb.ENCODING_F16,
+    "bf16": pb.ENCODING_BF16,
+    "int8": pb.ENCODING_INT8,
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -183,7 +189,8 @@ class Client:
 
     ``codec`` is how pushes travel unless :meth:`set_table_codec` says otherwise (``f32``,
     ``fp16``, ``bf16``, ``int8``, ``topk:0.01``: lossy codecs keep what they drop for the next
-    push); ``pull_codec`` how pulls come (``f32``, ``fp16``, ``bf16``).
+    push); ``pull_codec`` how pulls come (``f32``, ``fp16``, ``bf16``, ``int8``, and for dense
+    tables ``delta-topk:R``).
     """
 
     def __init__(
@@ -724,8 +731,8 @@ class Client:
         st = self._state(name)
         dim = st.dim()
         ids_ = _ids(ids)
-        # Rows have no delta form: a table pulling dense tables in delta top-k pulls rows in f32.
-        accept = _PULL_ENCODINGS.get("f32" if exact else st.pull, pb.ENCODING_F32)
+        # Rows have no delta form: a table pulling dense tables in delta top-k pulls rows in fp16.
+        accept = _PULL_ENCODINGS.get("f32" if exact else st.pull, pb.ENCODING_F16)
         out = np.empty((len(ids_), dim), dtype=np.float32)
 
         def one(shard: int, pos: npt.NDArray[np.int64]) -> None:
@@ -783,7 +790,7 @@ def _ids(ids: ArrayLike) -> npt.NDArray[np.uint64]:
 
 
 def _check_pull(text: str) -> str:
-    """A pull codec's text form: f32, fp16, bf16 or delta-topk:R (dense tables)."""
+    """A pull codec's text form: f32, fp16, bf16, int8 or delta-topk:R (dense tables)."""
     if text.startswith("delta-topk:"):
         try:
             ratio = float(text.split(":", 1)[1])
@@ -793,7 +800,7 @@ def _check_pull(text: str) -> str:
             raise InvalidInput(f"`{text}`: the ratio must be in (0, 1]")
         return f"delta-topk:{ratio}"
     if text not in _PULL_ENCODINGS:
-        raise InvalidInput(f"pull codec `{text}`: f32, fp16, bf16 or delta-topk:R")
+        raise InvalidInput(f"pull codec `{text}`: f32, fp16, bf16, int8 or delta-topk:R")
     return "fp16" if text == "f16" else text
 
 
