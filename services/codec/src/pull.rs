@@ -43,20 +43,11 @@ impl PullCodec {
         }
     }
 
-    /// Bytes per value of an answer in `encoding` for rows of `dim` values (0: a dense
-    /// table's), scales included.
-    pub fn bytes_per_value(encoding: Encoding, dim: usize) -> f64 {
-        match encoding {
-            Encoding::F16 | Encoding::Bf16 => 2.0,
-            Encoding::Int8 => 1.0 + 4.0 / Self::int8_block(dim) as f64,
-            _ => 4.0,
-        }
-    }
-
     /// The values per scale of an int8 answer: for rows of `dim` values, the fewest whole rows
     /// that make at least 32 values (so a row never shares a scale with part of another, and a
-    /// table of dim 1 still pays a byte and an eighth a value), at most 4096 values (a row
-    /// longer than that takes several); for a dense table (`dim` 0), 256.
+    /// table of dim 1 still pays a byte and an eighth a value), at most 4096 values (rows
+    /// longer than that are cut into blocks of 4096 across their ends); for a dense table
+    /// (`dim` 0), 256.
     pub fn int8_block(dim: usize) -> usize {
         const MIN: usize = 32;
         const MAX: usize = 4096;
@@ -190,7 +181,6 @@ mod tests {
         ] {
             assert_eq!(PullCodec::int8_block(dim), block, "dim {dim}");
         }
-        assert!((PullCodec::bytes_per_value(Encoding::Int8, 32) - 1.125).abs() < 1e-9);
         assert_eq!(PullCodec::F16.for_rows(), PullCodec::F16);
         for (bad, says) in [
             ("int8:64", "not a pull codec"),

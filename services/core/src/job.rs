@@ -698,23 +698,25 @@ impl TableToml {
         }
         let codec = parse_codec(&self.codec)?;
         let mut pull = parse_pull_codec(&self.pull_codec)?;
-        if !self.row_pull_codec.is_empty() && !shared {
-            return Err(ValidationError::new(
-                "row_pull_codec",
-                format!(
-                    "table `{}`: row_pull_codec belongs in [model_tables]; a listed table sets \
-                     its own pull_codec",
-                    self.name
-                ),
-            ));
-        }
+        let row_pull = match self.row_pull_codec.as_str() {
+            "" => None,
+            text if shared => Some(
+                parse_pull_codec(text)
+                    .map_err(|e| ValidationError::new("row_pull_codec", e.reason))?,
+            ),
+            _ => {
+                return Err(ValidationError::new(
+                    "row_pull_codec",
+                    format!(
+                        "table `{}`: row_pull_codec belongs in [model_tables]; a listed table \
+                         sets its own pull_codec",
+                        self.name
+                    ),
+                ));
+            }
+        };
         if shared && spec.dense_shape().is_none() {
-            pull = if self.row_pull_codec.is_empty() {
-                pull.for_rows()
-            } else {
-                parse_pull_codec(&self.row_pull_codec)
-                    .map_err(|e| ValidationError::new("row_pull_codec", e.reason))?
-            };
+            pull = row_pull.unwrap_or_else(|| pull.for_rows());
         }
         check_pull(&spec, pull)?;
         Ok(JobTable {
@@ -942,5 +944,20 @@ pull_codec = "delta-topk:0.25"
             .unwrap_err();
             assert!(e.to_string().contains(says), "{bad}: {e}");
         }
+        // Refused where no table would take it too, and in a listed table.
+        let e = JobSpec::from_toml_for_model(
+            &text.replace(
+                "pull_codec = \"delta-topk:0.25\"",
+                "row_pull_codec = \"sign\"",
+            ),
+            |_| Ok(vec![TableSpec::dense("d", &[4, 4])?]),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("not a pull codec"), "{e}");
+        let listed =
+            format!("{text}\n[[tables]]\nname = \"s\"\ndim = 8\nrow_pull_codec = \"int8\"\n");
+        let e = JobSpec::from_toml_for_model(&listed, |_| Ok(vec![TableSpec::sparse("s", 8)?]))
+            .unwrap_err();
+        assert!(e.to_string().contains("belongs in [model_tables]"), "{e}");
     }
 }
