@@ -92,6 +92,9 @@ pub struct LocalArgs {
     /// Emulated link speed of each worker, in megabits per second.
     #[arg(long)]
     pub link_mbps: Option<f64>,
+    /// MiB each worker keeps for each sparse table's row residuals under a lossy codec.
+    #[arg(long)]
+    pub row_residual_mib: Option<u32>,
     /// Probability that a worker's clock takes --straggler-factor times longer.
     #[arg(long, default_value_t = 0.0)]
     pub straggler_prob: f64,
@@ -536,6 +539,9 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
         }
         if let Some(l) = a.link_mbps {
             args.extend(["--link-mbps".into(), l.to_string()]);
+        }
+        if let Some(m) = a.row_residual_mib {
+            args.extend(["--row-residual-mib".into(), m.to_string()]);
         }
         args.extend(["--ssp-refresh".into(), a.ssp_refresh.to_string()]);
         args.extend(["--device".into(), a.device.to_string()]);

@@ -390,6 +390,30 @@ async fn sdk_error_feedback_conserves_the_gradient() {
             );
         }
     }
+    assert_eq!(ps.row_residuals("emb").unwrap().1, 0, "nothing dropped");
+    // A client with room for fewer rows than it pushes holds no more than that, counts the
+    // rows it dropped, and its pushes still go through.
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.row_residual_mib = 1;
+    let small = PsClient::connect(cfg).await.unwrap();
+    small
+        .set_table_codec(
+            "emb",
+            pushes_in(Codec::TopK {
+                ratio: 0.1,
+                values: SparseValues::F32,
+            }),
+        )
+        .unwrap();
+    let room = ps_codec::RowErrorFeedback::rows_in(1 << 20, 8);
+    let many: Vec<u64> = (1000..1000 + room as u64 + 5000).collect();
+    for chunk in many.chunks(4096) {
+        let g = gradient(chunk.len() * 8, chunk[0] as u32);
+        small.push_sparse("emb", chunk, &g).await.unwrap();
+    }
+    let (held, dropped) = small.row_residuals("emb").unwrap();
+    assert!(held <= room, "{held} rows held, room for {room}");
+    assert!(dropped >= 5000, "{dropped} dropped");
     cluster.stop().await;
 }
 

@@ -265,6 +265,8 @@ async fn families_exist_from_start_up_workers_serve_metrics_and_jobs_show_their_
             "ps_worker_push_wire_bytes_total",
             "ps_worker_push_raw_bytes_total",
             "ps_worker_compression_ratio",
+            "ps_worker_row_residual_rows",
+            "ps_worker_row_residuals_evicted_total",
         ],
     );
     // The scheduler's per-member histograms exist once the worker has joined; the shard's

@@ -45,6 +45,12 @@ pub struct WorkerConfig {
     /// Emulate a link of this many megabits per second for pushes and pulls.
     #[arg(long, env = "PS_LINK_MBPS")]
     pub link_mbps: Option<f64>,
+    /// MiB for the residuals of each sparse table's rows under a lossy codec; past it, rows
+    /// not pushed again for a while give theirs up (counted in
+    /// `ps_worker_row_residuals_evicted_total`).
+    #[arg(long, env = "PS_ROW_RESIDUAL_MIB", default_value_t = 256,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub row_residual_mib: u32,
     /// Probability that a clock is a straggler (takes --straggler-factor times longer).
     #[arg(long, default_value_t = 0.0)]
     pub straggler_prob: f64,

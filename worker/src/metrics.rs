@@ -52,6 +52,9 @@ pub struct StepFigures {
     /// What the step's pulls brought, on the wire and as f32.
     pub pull_wire_bytes: u64,
     pub pull_raw_bytes: u64,
+    /// Rows holding a residual now, and rows that gave theirs up over the run (every sparse
+    /// table together).
+    pub row_residuals: (usize, u64),
     pub times: StepTimes,
 }
 
@@ -112,6 +115,14 @@ impl WorkerMetrics {
             "ps_worker_compression_ratio",
             "Plain f32 bytes over wire bytes of the last step's pushes (1: uncompressed)."
         );
+        describe_gauge!(
+            "ps_worker_row_residual_rows",
+            "Embedding rows holding an error-feedback residual (lossy codecs; bounded by --row-residual-mib per table)."
+        );
+        describe_counter!(
+            "ps_worker_row_residuals_evicted_total",
+            "Embedding rows whose residual was dropped to make room for another row's."
+        );
         let m = Self {
             labels: [("ps_job", job.to_owned()), ("worker", worker.to_owned())],
         };
@@ -125,6 +136,7 @@ impl WorkerMetrics {
             "ps_worker_push_raw_bytes_total",
             "ps_worker_pull_wire_bytes_total",
             "ps_worker_pull_raw_bytes_total",
+            "ps_worker_row_residuals_evicted_total",
         ] {
             counter!(name, &m.labels).absolute(0);
         }
@@ -136,6 +148,7 @@ impl WorkerMetrics {
             "ps_worker_test_loss",
             "ps_worker_clock",
             "ps_worker_step_wire_bytes",
+            "ps_worker_row_residual_rows",
         ] {
             gauge!(name, &m.labels).set(0.0);
         }
@@ -167,6 +180,8 @@ impl WorkerMetrics {
         counter!("ps_worker_push_raw_bytes_total", l).increment(f.raw_bytes);
         counter!("ps_worker_pull_wire_bytes_total", l).increment(f.pull_wire_bytes);
         counter!("ps_worker_pull_raw_bytes_total", l).increment(f.pull_raw_bytes);
+        gauge!("ps_worker_row_residual_rows", l).set(f.row_residuals.0 as f64);
+        counter!("ps_worker_row_residuals_evicted_total", l).absolute(f.row_residuals.1);
         gauge!("ps_worker_step_wire_bytes", l).set(f.wire_bytes as f64);
         if f.wire_bytes > 0 {
             gauge!("ps_worker_compression_ratio", l).set(f.raw_bytes as f64 / f.wire_bytes as f64);

@@ -77,6 +77,12 @@ pub struct StepRecord {
     pub pull_wire_bytes: u64,
     #[serde(default)]
     pub pull_raw_bytes: u64,
+    /// Embedding rows holding an error-feedback residual after the clock, and rows that gave
+    /// theirs up over the run (every sparse table).
+    #[serde(default)]
+    pub row_residual_rows: usize,
+    #[serde(default)]
+    pub row_residuals_evicted: u64,
     pub elapsed_s: f64,
 }
 

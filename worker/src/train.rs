@@ -140,6 +140,7 @@ async fn train_on<B: Backend + Clone>(
     client_cfg.max_attempts = 200;
     client_cfg.max_backoff = Duration::from_millis(500);
     client_cfg.link_mbps = cfg.link_mbps;
+    client_cfg.row_residual_mib = cfg.row_residual_mib as usize;
     let Some(ps) = shards(&session, client_cfg, &shutdown).await? else {
         return Ok(Summary::default());
     };
@@ -364,6 +365,7 @@ impl<B: Backend + Clone> Trainer<B> {
             let wait = wait_start.elapsed();
             times.wait = wait;
             drop(step);
+            let row_residuals = self.row_residuals();
             self.metrics.step(&StepFigures {
                 clock: done_clock,
                 examples: batch.len(),
@@ -373,6 +375,7 @@ impl<B: Backend + Clone> Trainer<B> {
                 raw_bytes: pushed.raw_bytes,
                 pull_wire_bytes: pull_wire,
                 pull_raw_bytes: pull_raw,
+                row_residuals,
                 times,
             });
             self.run.step(&StepRecord {
@@ -392,6 +395,8 @@ impl<B: Backend + Clone> Trainer<B> {
                 raw_bytes: pushed.raw_bytes,
                 pull_wire_bytes: pull_wire,
                 pull_raw_bytes: pull_raw,
+                row_residual_rows: row_residuals.0,
+                row_residuals_evicted: row_residuals.1,
                 elapsed_s: self.started.elapsed().as_secs_f64(),
             })?;
             let due = if self.cfg.eval_every > 0 {
@@ -461,6 +466,15 @@ impl<B: Backend + Clone> Trainer<B> {
         self.cache.set_values(pulled);
         self.run.dense_pull();
         Ok(())
+    }
+
+    /// Rows holding a residual and rows that gave theirs up, over every sparse table.
+    fn row_residuals(&self) -> (usize, u64) {
+        self.net
+            .sparse_tables()
+            .iter()
+            .filter_map(|(t, _)| self.ps.row_residuals(t).ok())
+            .fold((0, 0), |(r, e), (rows, evicted)| (r + rows, e + evicted))
     }
 
     /// Pulls the rows `batch` touches into the model, under the tables' pull codecs, or

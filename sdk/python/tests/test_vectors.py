@@ -64,6 +64,37 @@ def test_codec_text_form_is_checked() -> None:
             cd.Codec.parse(bad)
 
 
+def test_bounded_row_residuals_conserve_what_they_keep_and_drop() -> None:
+    """With room for 2 rows, a third takes the slot of the row pushed least recently; what
+    each row was sent, still owes and had dropped adds up to what it was given."""
+    rng = np.random.default_rng(3)
+    codec = cd.Codec.parse("topk:0.25")
+    res = cd.RowResiduals(4, max_rows=2)
+    given: dict = {}
+    sent: dict = {}
+    dropped: dict = {}
+    for ids in [[1], [2], [1], [3], [4, 5, 6], [1, 1]]:
+        arr = np.array(ids, dtype=np.uint64)
+        grads = rng.normal(size=4 * len(ids)).astype(np.float32)
+        before = {k: v.copy() for k, v in res.rows.items()}
+        p = res.compress(arr, grads, codec, min_values=0, lz4=False)
+        assert len(res.rows) <= 2
+        for k, v in before.items():
+            if k not in res.rows and k not in ids:
+                dropped[k] = dropped.get(k, 0) + v
+        for i, row in zip(ids, cd.decode(p).reshape(-1, 4)):
+            sent[i] = sent.get(i, 0) + row.astype(np.float64)
+        for i, g in zip(ids, grads.reshape(-1, 4)):
+            given[i] = given.get(i, 0) + g.astype(np.float64)
+    assert res.evicted >= 2
+    assert 2 not in res.rows  # pushed once, then least recent when 3 came
+    for i in given:
+        if i in (4, 5, 6):
+            continue  # one push that overflowed: what its rows found no room for is lost
+        owed = res.rows.get(i, np.zeros(4))
+        assert np.allclose(sent[i] + owed + dropped.get(i, 0), given[i], atol=1e-5), i
+
+
 def test_lz4_payloads_round_trip() -> None:
     values = np.zeros(10_000, dtype=np.float32)
     values[::100] = 1.5

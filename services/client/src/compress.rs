@@ -214,4 +214,15 @@ impl PsClient {
             .and_then(|r| r.residual(id))
             .map(<[f32]>::to_vec))
     }
+
+    /// Of sparse table `name`'s row residuals: how many rows hold one now, and how many gave
+    /// theirs up to make room ([`crate::ClientConfig::row_residual_mib`]) over the client's life.
+    pub fn row_residuals(&self, name: &str) -> Result<(usize, u64), ClientError> {
+        let (_, sender) = self.inner.codecs.get(&table_name(name)?);
+        let guard = sender.lock();
+        Ok(guard
+            .rows
+            .as_ref()
+            .map_or((0, 0), |r| (r.len(), r.evicted())))
+    }
 }

@@ -42,6 +42,10 @@ pub struct ClientConfig {
     pub bulk: bool,
     /// TLS and the bearer token for every connection to the shards (plaintext, none: default).
     pub credentials: crate::Credentials,
+    /// Memory for the residuals of one sparse table's rows under a lossy codec, in MiB: past
+    /// it, a row not pushed again for a while gives its residual up for a new row's
+    /// ([`ps_codec::RowErrorFeedback`]; [`crate::PsClient::row_residuals`] counts them).
+    pub row_residual_mib: usize,
 }
 
 /// A source of the current shard map (the scheduler, for workers).
@@ -73,6 +77,7 @@ impl ClientConfig {
             link_mbps: None,
             bulk: true,
             credentials: crate::Credentials::default(),
+            row_residual_mib: 256,
         }
     }
 }

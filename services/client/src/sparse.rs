@@ -37,7 +37,10 @@ impl PsClient {
             let mut guard = sender.lock();
             let Sender { enc, rows, .. } = &mut *guard;
             let lossy = enc.options().keeps_residual();
-            let rows = rows.get_or_insert_with(|| RowErrorFeedback::new(dim));
+            let rows = rows.get_or_insert_with(|| {
+                let budget = self.inner.cfg.row_residual_mib.saturating_mul(1 << 20);
+                RowErrorFeedback::bounded(dim, RowErrorFeedback::rows_in(budget, dim))
+            });
             let mut out = Vec::with_capacity(groups.len());
             for (shard, positions) in groups {
                 let ids: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();

@@ -204,13 +204,19 @@ impl Inner {
             .await
     }
 
-    /// The same call on every shard, concurrently; answers in shard order.
+    /// The same call on every shard, concurrently; answers in shard order. Every shard's call
+    /// runs to its end even where another shard refused: cancelling the rest at the first
+    /// refusal would leave it unknown which shards applied the call. The error returned is the
+    /// lowest shard's.
     pub(crate) async fn all<T, F, Fut>(&self, f: F) -> Result<Vec<T>, ClientError>
     where
         F: Fn(ParameterServerClient<ShardChannel>, u64) -> Fut,
         Fut: Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        futures::future::try_join_all((0..self.num_shards).map(|s| self.call(s, &f))).await
+        futures::future::join_all((0..self.num_shards).map(|s| self.call(s, &f)))
+            .await
+            .into_iter()
+            .collect()
     }
 }
 

@@ -97,23 +97,66 @@ impl ErrorFeedback {
 ///
 /// The residuals live in one arena (`dim` values a slot, freed slots reused), found by id
 /// through one map: a push looks each of its rows up once, and allocates nothing per row.
+///
+/// The arena holds at most `max_rows` rows. A table's rows can far outnumber what a worker
+/// should keep (a residual for every row it ever pushed), so when a row needs a slot and none
+/// is free, a CLOCK sweep drops the residual of a row not used since the hand last passed it
+/// (what it owed is lost: [`RowErrorFeedback::evicted`] counts such rows). A row enters
+/// idle and is marked used when pushed again, so rows pushed once go first. The rows of the
+/// push being encoded are never the ones dropped; a push with more rows than `max_rows` keeps
+/// the residuals of those it finds room for.
 #[derive(Debug, Clone)]
 pub struct RowErrorFeedback {
     dim: usize,
+    max_rows: usize,
     /// Row id to its slot in `values`.
     slots: HashMap<u64, u32, foldhash::fast::RandomState>,
     values: Vec<f32>,
+    /// Per slot: the row it holds and its CLOCK state (`FREE`, `IDLE`, `USED`, `PINNED`).
+    owner: Vec<u64>,
+    state: Vec<u8>,
     free: Vec<u32>,
+    hand: usize,
+    evicted: u64,
+    /// What each dropped residual owed, for the tests' conservation check.
+    #[cfg(test)]
+    pub(crate) dropped: Vec<(u64, Vec<f32>)>,
 }
 
+/// A slot's CLOCK states: free; holding a row the hand may drop; holding a row used since the
+/// hand last passed (the hand makes it idle); holding a row of the push being encoded.
+const FREE: u8 = 0;
+const IDLE: u8 = 1;
+const USED: u8 = 2;
+const PINNED: u8 = 3;
+
 impl RowErrorFeedback {
+    /// Residuals for rows of `dim` values, as many rows as there are.
     pub fn new(dim: usize) -> Self {
+        Self::bounded(dim, usize::MAX)
+    }
+
+    /// Residuals for at most `max_rows` rows of `dim` values (at least one).
+    pub fn bounded(dim: usize, max_rows: usize) -> Self {
         Self {
             dim,
+            max_rows: max_rows.clamp(1, u32::MAX as usize),
             slots: HashMap::default(),
             values: Vec::new(),
+            owner: Vec::new(),
+            state: Vec::new(),
             free: Vec::new(),
+            hand: 0,
+            evicted: 0,
+            #[cfg(test)]
+            dropped: Vec::new(),
         }
+    }
+
+    /// How many rows of `dim` values fit in `bytes`: each takes its values, its id and state
+    /// and its entry in the map (about 24 bytes with the map's spare room).
+    pub fn rows_in(bytes: usize, dim: usize) -> usize {
+        bytes / (dim * 4 + 8 + 1 + 24)
     }
 
     /// Rows that hold a residual.
@@ -123,6 +166,11 @@ impl RowErrorFeedback {
 
     pub fn is_empty(&self) -> bool {
         self.slots.is_empty()
+    }
+
+    /// Rows whose residual was dropped to make room for another's.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
     }
 
     /// The residual of row `id`, if it has one.
@@ -152,46 +200,100 @@ impl RowErrorFeedback {
         Ok(())
     }
 
-    /// The slot of row `id`, a zeroed one made for it when it has none.
-    fn slot_for(&mut self, id: u64) -> u32 {
-        if let Some(&s) = self.slots.get(&id) {
-            return s;
+    /// Gives slot `s` (holding `id`) back.
+    fn release(&mut self, id: u64, s: u32) {
+        if self.slots.remove(&id).is_some() {
+            self.state[s as usize] = FREE;
+            self.free.push(s);
         }
-        let s = match self.free.pop() {
-            Some(s) => {
-                self.slot_mut(s).fill(0.0);
-                s
-            }
-            None => {
-                let s = (self.values.len() / self.dim.max(1)) as u32;
-                self.values.resize(self.values.len() + self.dim, 0.0);
-                s
-            }
-        };
-        self.slots.insert(id, s);
-        s
     }
 
-    /// Adds `rows` (row after row, for `ids`, whose slots are `known` where already found)
-    /// into the residuals, summing duplicate ids. A row whose residual comes to zero gives its
-    /// slot back; only the rows of `ids` are looked at, so the cost is that of the push,
-    /// however many rows hold a residual.
+    /// A slot nobody holds: a free one, a new one while under `max_rows`, or one whose idle row
+    /// the CLOCK hand drops. `None` when every slot holds a row of this push.
+    fn vacant(&mut self) -> Option<u32> {
+        if let Some(s) = self.free.pop() {
+            self.slot_mut(s).fill(0.0);
+            return Some(s);
+        }
+        let n = self.state.len();
+        if n < self.max_rows {
+            self.values.resize(self.values.len() + self.dim, 0.0);
+            self.owner.push(0);
+            self.state.push(FREE);
+            return Some(n as u32);
+        }
+        // Two turns find an idle row unless every slot is pinned (the first makes used ones
+        // idle).
+        for _ in 0..2 * n {
+            let s = self.hand;
+            self.hand = (self.hand + 1) % n;
+            match self.state[s] {
+                USED => self.state[s] = IDLE,
+                IDLE => {
+                    let id = self.owner[s];
+                    self.slots.remove(&id);
+                    self.evicted += 1;
+                    #[cfg(test)]
+                    self.dropped.push((id, self.slot(s as u32).to_vec()));
+                    self.slot_mut(s as u32).fill(0.0);
+                    return Some(s as u32);
+                }
+                _ => {}
+            }
+        }
+        None
+    }
+
+    /// The slot of row `id`, pinned for this push, and whether it is new: a zeroed one made
+    /// for it when it has none.
+    fn slot_for(&mut self, id: u64) -> Option<(u32, bool)> {
+        if let Some(&s) = self.slots.get(&id) {
+            self.state[s as usize] = PINNED;
+            return Some((s, false));
+        }
+        let s = self.vacant()?;
+        self.slots.insert(id, s);
+        self.owner[s as usize] = id;
+        self.state[s as usize] = PINNED;
+        Some((s, true))
+    }
+
+    /// Adds `rows` (row after row, for `ids`, whose slots are `known` where already found and
+    /// pinned) into the residuals, summing duplicate ids. A row whose residual comes to zero
+    /// gives its slot back; only the rows of `ids` are looked at, so the cost is that of the
+    /// push, however many rows hold a residual. A row that finds no slot (every one holds a
+    /// row of this push) keeps nothing, and counts as evicted.
     fn add_rows(&mut self, ids: &[u64], rows: &[f32], known: Option<&[Option<u32>]>) {
         let dim = self.dim.max(1);
         let mut touched = Vec::with_capacity(ids.len());
         for (p, (&id, row)) in ids.iter().zip(rows.chunks_exact(dim)).enumerate() {
-            let s = match known.and_then(|k| k[p]) {
-                Some(s) => s,
-                None => self.slot_for(id),
+            let (s, fresh) = match known.and_then(|k| k[p]) {
+                Some(s) => (s, false),
+                None => match self.slot_for(id) {
+                    Some(found) => found,
+                    None => {
+                        if row.iter().any(|v| *v != 0.0) {
+                            self.evicted += 1;
+                            #[cfg(test)]
+                            self.dropped.push((id, row.to_vec()));
+                        }
+                        continue;
+                    }
+                },
             };
             for (a, b) in self.slot_mut(s).iter_mut().zip(row) {
                 *a += b;
             }
-            touched.push((id, s));
+            touched.push((id, s, fresh));
         }
-        for (id, s) in touched {
-            if self.slot(s).iter().all(|v| *v == 0.0) && self.slots.remove(&id).is_some() {
-                self.free.push(s);
+        // A row new to the residuals starts idle, so the hand drops a row pushed once before
+        // one pushed again (the tail of a skewed id law before its head). A duplicate id is
+        // touched twice: found the second time, so used.
+        for (id, s, fresh) in touched {
+            if self.slot(s).iter().all(|v| *v == 0.0) {
+                self.release(id, s);
+            } else {
+                self.state[s as usize] = if fresh { IDLE } else { USED };
             }
         }
     }
@@ -217,6 +319,7 @@ impl RowErrorFeedback {
             .map(|id| {
                 let s = self.slots.get(id).copied();
                 if let Some(s) = s {
+                    self.state[s as usize] = PINNED;
                     let at = s as usize * dim;
                     for line in self.values[at..at + dim].iter().step_by(16) {
                         crate::prefetch(line);
@@ -242,16 +345,16 @@ impl RowErrorFeedback {
         let e = enc.encode(&acc);
         if e.header.encoding.is_lossless() {
             // Everything went: the emptied slots are free again.
-            for (id, s) in ids.iter().zip(&known) {
-                if s.is_some()
-                    && let Some(s) = self.slots.remove(id)
-                {
-                    self.free.push(s);
+            for (&id, s) in ids.iter().zip(&known) {
+                if let Some(s) = *s {
+                    self.release(id, s);
                 }
             }
         } else {
-            e.decode_add(&mut acc, -1.0)?;
+            // Should the encoding not decode, the rows keep all they owe (and are unpinned).
+            let decoded = e.decode_add(&mut acc, -1.0);
             self.add_rows(ids, &acc, Some(&known));
+            decoded?;
         }
         Ok(e)
     }

@@ -180,20 +180,24 @@ proptest! {
         }
     }
 
-    /// The same per embedding row, with duplicate ids in a push.
+    /// The same per embedding row, with duplicate ids in a push, and with room for fewer rows
+    /// than are pushed: what each row was sent, still owes and had dropped to make room for
+    /// another is what it was given, and the residuals never hold more rows than allowed.
     #[test]
     fn row_error_feedback_conserves_each_row(
         codec in lossy_codecs(),
+        max_rows in 1usize..8,
         steps in proptest::collection::vec(proptest::collection::vec((0u64..6, values(5.0, 4..=4)), 1..8), 1..8),
     ) {
         let mut enc = encoder(codec);
-        let mut ef = RowErrorFeedback::new(4);
+        let mut ef = RowErrorFeedback::bounded(4, max_rows);
         let mut sent = [[0.0f64; 4]; 6];
         let mut total = [[0.0f64; 4]; 6];
         for step in &steps {
             let ids: Vec<u64> = step.iter().map(|(id, _)| *id).collect();
             let grads: Vec<f32> = step.iter().flat_map(|(_, g)| g.iter().copied()).collect();
             let e = ef.compress(&mut enc, &ids, &grads).unwrap();
+            prop_assert!(ef.len() <= max_rows, "{} rows held, {max_rows} allowed", ef.len());
             for (id, row) in ids.iter().zip(e.to_vec().unwrap().chunks(4)) {
                 for j in 0..4 {
                     sent[*id as usize][j] += f64::from(row[j]);
@@ -203,6 +207,15 @@ proptest! {
                 for j in 0..4 {
                     total[*id as usize][j] += f64::from(g[j]);
                 }
+            }
+        }
+        prop_assert_eq!(ef.dropped.len() as u64, ef.evicted());
+        if max_rows >= 6 {
+            prop_assert_eq!(ef.evicted(), 0);
+        }
+        for (id, row) in &ef.dropped {
+            for j in 0..4 {
+                sent[*id as usize][j] += f64::from(row[j]);
             }
         }
         for id in 0..6u64 {
@@ -597,4 +610,34 @@ fn a_sparse_payload_names_the_positions_it_carries() {
             .all(|i| v[i].abs() <= smallest_sent)
     );
     assert_eq!(encoder(Codec::F16).encode(&v).indices().unwrap(), None);
+}
+
+/// With room for two rows, a new row takes the slot of the one not used since the CLOCK hand
+/// last passed, and the row used in between keeps its residual.
+#[test]
+fn a_bounded_row_feedback_drops_the_idle_row() {
+    let mut enc = encoder(Codec::TopK {
+        ratio: 0.25,
+        values: SparseValues::F32,
+    });
+    let mut ef = RowErrorFeedback::bounded(4, 2);
+    let row = [1.0, 2.0, 3.0, 4.0];
+    ef.compress(&mut enc, &[10], &row).unwrap();
+    ef.compress(&mut enc, &[11], &row).unwrap();
+    // Row 10 pushed again: used since the hand passed; row 11 is not.
+    ef.compress(&mut enc, &[10], &row).unwrap();
+    ef.compress(&mut enc, &[12], &row).unwrap();
+    assert_eq!(ef.len(), 2);
+    assert_eq!(ef.evicted(), 1);
+    assert!(ef.residual(11).is_none());
+    assert!(ef.residual(10).is_some() && ef.residual(12).is_some());
+    // A push of more rows than there is room for keeps what fits and drops no row of its own
+    // for another of its own.
+    let ids = [20, 21, 22];
+    let grads: Vec<f32> = ids.iter().flat_map(|_| row).collect();
+    ef.compress(&mut enc, &ids, &grads).unwrap();
+    assert_eq!(ef.len(), 2);
+    assert!(ef.residual(20).is_some() && ef.residual(21).is_some());
+    assert!(ef.residual(22).is_none());
+    assert_eq!(RowErrorFeedback::rows_in(1 << 20, 32), (1 << 20) / 161);
 }

@@ -213,6 +213,7 @@ class Client:
         bulk: bool = True,
         min_values: int = cd.DEFAULT_MIN_VALUES,
         lz4: bool = True,
+        row_residual_mib: int = 256,
     ) -> None:
         if (endpoints is None) == (scheduler is None):
             raise InvalidInput("give the shards' endpoints or the scheduler's, not both or neither")
@@ -228,6 +229,7 @@ class Client:
         self.initial_backoff, self.max_backoff = initial_backoff, max_backoff
         self.connect_timeout, self.timeout = connect_timeout, timeout
         self.min_values, self.lz4 = min_values, lz4
+        self.row_residual_bytes = max(1, row_residual_mib) << 20
         self._use_bulk = bulk
         self._seqs = _Seqs()
         self._tables: Dict[str, _TableState] = {}
@@ -687,7 +689,7 @@ class Client:
                     p = cd.encode(values.reshape(-1), codec, min_values=self.min_values, lz4=self.lz4)
                 else:
                     if st.rows is None:
-                        st.rows = cd.RowResiduals(dim)
+                        st.rows = cd.RowResiduals(dim, cd.RowResiduals.rows_in(self.row_residual_bytes, dim))
                     p = st.rows.compress(rid, values.reshape(-1), codec, min_values=self.min_values, lz4=self.lz4)
                 requests.append((shard, rid, p))
 

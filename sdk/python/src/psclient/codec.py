@@ -380,11 +380,22 @@ class Residual:
 
 class RowResiduals:
     """Error feedback for embedding rows: one residual per id; rows owing nothing take no
-    memory."""
+    memory. At most ``max_rows`` rows hold one: past it, the row pushed least recently gives
+    its residual up (lost; counted in ``evicted``) for a new row's, never for a row of the same
+    push (a push of more rows than that keeps the residuals of those it finds room for)."""
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, max_rows: Optional[int] = None) -> None:
         self.dim = dim
+        self.max_rows = max(1, max_rows) if max_rows is not None else None
+        self.evicted = 0
+        # In the order the rows were last pushed: the first is the least recently pushed.
         self.rows: Dict[int, F32Array] = {}
+
+    @staticmethod
+    def rows_in(nbytes: int, dim: int) -> int:
+        """How many rows of ``dim`` values fit in ``nbytes`` (the Rust SDK's measure: values,
+        id, state and map entry)."""
+        return nbytes // (dim * 4 + 8 + 1 + 24)
 
     def compress(self, ids: npt.NDArray[np.uint64], grads: F32Array, codec: Codec, *, min_values: int, lz4: bool) -> "pb.Payload":
         acc = np.array(grads, dtype=np.float32).reshape(len(ids), self.dim)
@@ -402,10 +413,16 @@ class RowResiduals:
         self._add(ids, decode(p).reshape(len(ids), self.dim))
 
     def _add(self, ids: npt.NDArray[np.uint64], rows: F32Array) -> None:
+        this_push = set(ids.tolist())
         for id_, row in zip(ids.tolist(), rows):
-            r = self.rows.get(id_)
+            r = self.rows.pop(id_, None)
             r = row.copy() if r is None else r + row
-            if np.any(r != 0):
-                self.rows[id_] = r
-            else:
-                self.rows.pop(id_, None)
+            if not np.any(r != 0):
+                continue
+            if self.max_rows is not None and len(self.rows) >= self.max_rows:
+                oldest = next(iter(self.rows))
+                self.evicted += 1
+                if oldest in this_push:
+                    continue  # every row held is this push's: this one keeps nothing
+                del self.rows[oldest]
+            self.rows[id_] = r
