@@ -118,6 +118,8 @@ pub struct RowErrorFeedback {
     free: Vec<u32>,
     hand: usize,
     evicted: u64,
+    /// Set when a sweep found every slot pinned: the rest of this push looks for no room.
+    full: bool,
     /// What each dropped residual owed, for the tests' conservation check.
     #[cfg(test)]
     pub(crate) dropped: Vec<(u64, Vec<f32>)>,
@@ -148,6 +150,7 @@ impl RowErrorFeedback {
             free: Vec::new(),
             hand: 0,
             evicted: 0,
+            full: false,
             #[cfg(test)]
             dropped: Vec::new(),
         }
@@ -216,6 +219,9 @@ impl RowErrorFeedback {
             return Some(s);
         }
         let n = self.state.len();
+        if self.full {
+            return None;
+        }
         if n < self.max_rows {
             self.values.resize(self.values.len() + self.dim, 0.0);
             self.owner.push(0);
@@ -241,6 +247,8 @@ impl RowErrorFeedback {
                 _ => {}
             }
         }
+        // Every slot holds a row of this push; until it ends, none will free up.
+        self.full = true;
         None
     }
 
@@ -265,6 +273,7 @@ impl RowErrorFeedback {
     /// row of this push) keeps nothing, and counts as evicted.
     fn add_rows(&mut self, ids: &[u64], rows: &[f32], known: Option<&[Option<u32>]>) {
         let dim = self.dim.max(1);
+        self.full = false;
         let mut touched = Vec::with_capacity(ids.len());
         for (p, (&id, row)) in ids.iter().zip(rows.chunks_exact(dim)).enumerate() {
             let (s, fresh) = match known.and_then(|k| k[p]) {

@@ -9,6 +9,7 @@ and :class:`RowResiduals`).
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
 from typing import Dict, Optional, Tuple
 
@@ -388,8 +389,9 @@ class RowResiduals:
         self.dim = dim
         self.max_rows = max(1, max_rows) if max_rows is not None else None
         self.evicted = 0
-        # In the order the rows were last pushed: the first is the least recently pushed.
-        self.rows: Dict[int, F32Array] = {}
+        # In the order the rows were last pushed: the first is the least recently pushed (an
+        # OrderedDict finds it in O(1) however many rows were dropped before it).
+        self.rows: "collections.OrderedDict[int, F32Array]" = collections.OrderedDict()
 
     @staticmethod
     def rows_in(nbytes: int, dim: int) -> int:
