@@ -905,13 +905,13 @@ model = "wd"
 [model_tables]
 pull_codec = "delta-topk:0.25"
 "#;
-        let spec = JobSpec::from_toml_for_model(text, |_| {
+        let dense_and_sparse = |_: &JobSpec| -> Result<Vec<TableSpec>, ValidationError> {
             Ok(vec![
                 TableSpec::dense("d", &[4, 4])?,
                 TableSpec::sparse("s", 8)?,
             ])
-        })
-        .unwrap();
+        };
+        let spec = JobSpec::from_toml_for_model(text, dense_and_sparse).unwrap();
         assert_eq!(spec.tables[0].pull, PullCodec::DeltaTopK { ratio: 0.25 });
         assert_eq!(spec.tables[1].pull, PullCodec::F16);
         let fp16 = JobSpec::from_toml_for_model(&text.replace("delta-topk:0.25", "fp16"), |_| {
@@ -924,13 +924,7 @@ pull_codec = "delta-topk:0.25"
             "pull_codec = \"delta-topk:0.25\"",
             "pull_codec = \"delta-topk:0.25\"\nrow_pull_codec = \"int8\"",
         );
-        let spec = JobSpec::from_toml_for_model(&rows, |_| {
-            Ok(vec![
-                TableSpec::dense("d", &[4, 4])?,
-                TableSpec::sparse("s", 8)?,
-            ])
-        })
-        .unwrap();
+        let spec = JobSpec::from_toml_for_model(&rows, dense_and_sparse).unwrap();
         assert_eq!(spec.tables[0].pull, PullCodec::DeltaTopK { ratio: 0.25 });
         assert_eq!(spec.tables[1].pull, PullCodec::Int8);
         for (bad, says) in [
