@@ -417,6 +417,75 @@ async fn sdk_error_feedback_conserves_the_gradient() {
     cluster.stop().await;
 }
 
+/// A top-k push of rows sends only the rows it has an entry for, with their ids: under
+/// momentum, a row sent with a zero gradient would still move, and the rows left out do not.
+/// What the rows sent carry lands on the right ids, on either shard.
+#[tokio::test]
+async fn a_top_k_row_push_sends_only_the_rows_it_has_entries_for() {
+    let cluster = TestCluster::start(2).await;
+    let ps = cluster.client().await;
+    let dim = 8;
+    let spec = TableSpec::sparse("m", dim as u32)
+        .unwrap()
+        .with_optimizer(Optimizer::momentum(1.0, 0.9))
+        .unwrap();
+    ps.create_table(spec).await.unwrap();
+    let ids: Vec<u64> = (0..400u64).map(|i| i * 7919 + 3).collect();
+    // A first push in f32 gives every row a velocity.
+    let first = vec![0.01f32; ids.len() * dim];
+    let s = ps.push_sparse("m", &ids, &first).await.unwrap();
+    assert_eq!(s.rows, ids.len() as u64);
+    let before = ps.pull_sparse("m", &ids).await.unwrap();
+    // Top-k 5%: about 80 entries on each shard, nearly all of them taken by the 20 rows of
+    // large gradients; the others' gradients wait in the residual.
+    ps.set_table_codec(
+        "m",
+        pushes_in(Codec::TopK {
+            ratio: 0.05,
+            values: SparseValues::F32,
+        }),
+    )
+    .unwrap();
+    let big: Vec<usize> = (0..20).map(|r| r * 19).collect();
+    let mut g = vec![1e-4f32; ids.len() * dim];
+    for &r in &big {
+        for (j, v) in g[r * dim..(r + 1) * dim].iter_mut().enumerate() {
+            *v = 1.0 + j as f32;
+        }
+    }
+    let s = ps.push_sparse("m", &ids, &g).await.unwrap();
+    assert_eq!(s.raw_bytes, (ids.len() * dim * 4) as u64);
+    let after = ps.pull_sparse("m", &ids).await.unwrap();
+    let mut sent_rows = 0u64;
+    for (r, &id) in ids.iter().enumerate() {
+        let at = r * dim..(r + 1) * dim;
+        let (b, a, gr) = (&before[at.clone()], &after[at.clone()], &g[at]);
+        let owed = ps.row_residual("m", id).unwrap().unwrap_or(vec![0.0; dim]);
+        if owed == gr {
+            assert_eq!(a, b, "row {r} had no entry: not sent, so it does not move");
+            assert!(!big.contains(&r), "row {r} of large gradients was left out");
+            continue;
+        }
+        sent_rows += 1;
+        // Sent: the velocity 0.9 * 0.01 plus what was sent moves every value of the row.
+        for j in 0..dim {
+            let want = b[j] - (0.9 * 0.01 + (gr[j] - owed[j]));
+            assert!(
+                (a[j] - want).abs() < 1e-5,
+                "row {r}[{j}]: {} vs {want}",
+                a[j]
+            );
+        }
+    }
+    assert_eq!(
+        s.rows, sent_rows,
+        "the push sent the rows with an entry, no more"
+    );
+    assert!((20..=30).contains(&sent_rows), "{sent_rows} rows sent");
+    assert_eq!(s.applied_values, sent_rows * dim as u64);
+    cluster.stop().await;
+}
+
 /// A sparsity warm-up moves a top-k table's ratio while training: each push then changes as
 /// many values as the ratio of the moment says, and no gradient is lost across the change
 /// (sent plus owed is still the sum). Codecs without a ratio, and ratios outside (0, 1], are

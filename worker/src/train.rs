@@ -555,11 +555,8 @@ impl<B: Backend + Clone> Trainer<B> {
         for (t, values) in self.cache.own_push(&grads.dense) {
             self.net.set_dense(t, values)?;
         }
-        let ids: u64 = grads
-            .sparse
-            .iter()
-            .map(|(_, ids, _)| ids.len() as u64 * 8)
-            .sum();
+        // The ids the sparse pushes sent, 8 bytes each.
+        let ids: u64 = sparse.iter().map(|s| s.rows * 8).sum();
         let all = || dense.iter().chain(&sparse);
         Ok(Pushed {
             wire_bytes: all().map(|s| s.wire_bytes).sum::<u64>() + ids,

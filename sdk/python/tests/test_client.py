@@ -124,6 +124,36 @@ def test_lossy_codecs_keep_what_they_drop(cluster: LocalCluster) -> None:
             assert np.allclose(ps.pull_dense("t"), before - g, atol=0.05), codec
 
 
+def test_a_top_k_row_push_sends_only_the_rows_it_has_entries_for(cluster: LocalCluster) -> None:
+    """Under momentum a row sent with a zero gradient would still move: the rows a top-k push
+    has no entry for are left out (their gradient waits in the residual) and do not move."""
+    dim = 8
+    with psclient.Client(cluster.endpoints) as ps:
+        ps.create_table(psclient.sparse_table("m", dim, optimizer=psclient.momentum(1.0, 0.9)))
+        ids = np.arange(400, dtype=np.uint64) * np.uint64(7919) + np.uint64(3)
+        s = ps.push_sparse("m", ids, np.full((400, dim), 0.01, dtype=np.float32))
+        assert s.rows == 400
+        before = ps.pull_sparse("m", ids)
+        ps.set_table_codec("m", codec="topk:0.05")
+        big = np.arange(20) * 19
+        g = np.full((400, dim), 1e-4, dtype=np.float32)
+        g[big] = 1.0 + np.arange(dim, dtype=np.float32)
+        s = ps.push_sparse("m", ids, g)
+        after = ps.pull_sparse("m", ids)
+        held = ps._state("m").rows
+        assert held is not None
+        sent = 0
+        for r, i in enumerate(ids.tolist()):
+            owed = held.rows.get(i, np.zeros(dim, dtype=np.float32))
+            if np.array_equal(owed, g[r]):
+                assert np.array_equal(after[r], before[r]) and r not in big, r
+                continue
+            sent += 1
+            assert np.allclose(after[r], before[r] - (0.9 * 0.01 + g[r] - owed), atol=1e-5), r
+        assert s.rows == sent and 20 <= sent <= 30, (s.rows, sent)
+        assert s.applied_values == sent * dim and s.raw_bytes == 400 * dim * 4
+
+
 def test_compressed_pulls(cluster: LocalCluster) -> None:
     with psclient.Client(cluster.endpoints) as ps:
         ps.create_table(psclient.dense_table("p", [5000], optimizer=psclient.sgd(1.0), chunk_elems=1000))

@@ -120,7 +120,7 @@ impl PsClient {
                 let wire: Vec<pb::DenseSlice> = slices
                     .iter()
                     .map(|(c, _, e)| {
-                        wire_metric("push", &table, &codec_name, e);
+                        wire_metric("push", &table, &codec_name, e, e.header.num_values);
                         pb::DenseSlice {
                             chunk: *c,
                             values: Some(Payload::from(e.clone()).into()),
@@ -181,7 +181,12 @@ impl PsClient {
             .await;
         let mut summary = settle(
             results,
-            |i| requests[i].1.iter().map(|(_, _, e)| e),
+            |i| {
+                requests[i]
+                    .1
+                    .iter()
+                    .map(|(_, _, e)| (e, e.header.num_values))
+            },
             |i| {
                 let mut guard = sender.lock();
                 if guard.lossy() {

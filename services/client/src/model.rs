@@ -29,6 +29,9 @@ pub struct PushSummary {
     pub skipped_non_finite: u64,
     /// Payload bytes sent (after the codec and lz4).
     pub wire_bytes: u64,
+    /// Rows (ids) a sparse push sent: a sparse codec's push leaves out the rows it has no
+    /// entry for. 0 for dense pushes.
+    pub rows: u64,
     /// What the same values take as f32.
     pub raw_bytes: u64,
     /// The tensor positions a dense push carried when its codec sends only some of them
@@ -38,9 +41,10 @@ pub struct PushSummary {
 }
 
 impl PushSummary {
-    pub(crate) fn add_payload(&mut self, e: &Encoded) {
+    /// Counts a payload sent, standing for `values` values.
+    pub(crate) fn add_payload(&mut self, e: &Encoded, values: u64) {
         self.wire_bytes += crate::push::wire_len(e);
-        self.raw_bytes += e.header.num_values * 4;
+        self.raw_bytes += values * 4;
     }
 
     pub(crate) fn add(&mut self, r: &pb::PushResponse) {

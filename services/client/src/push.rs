@@ -42,7 +42,7 @@ impl Inner {
 }
 
 /// Sums the answers of a push's requests (`(request index, answer)`), counting the payloads
-/// of each applied one. A request the shard refused (certainly not applied) goes to `refused`,
+/// of each applied one (what was sent, and how many values it stands for). A request the shard refused (certainly not applied) goes to `refused`,
 /// which gives its part back to the residual. The first error, if any, is the push's.
 pub(crate) fn settle<'a, P>(
     results: Vec<(usize, Result<pb::PushResponse, ClientError>)>,
@@ -50,7 +50,7 @@ pub(crate) fn settle<'a, P>(
     mut refused: impl FnMut(usize),
 ) -> Result<PushSummary, ClientError>
 where
-    P: Iterator<Item = &'a Encoded>,
+    P: Iterator<Item = (&'a Encoded, u64)>,
 {
     let mut total = PushSummary::default();
     let mut first_err = None;
@@ -58,8 +58,8 @@ where
         match r {
             Ok(a) => {
                 total.add(&a);
-                for e in payloads(i) {
-                    total.add_payload(e);
+                for (e, values) in payloads(i) {
+                    total.add_payload(e, values);
                 }
             }
             Err(e) => {
@@ -92,15 +92,15 @@ fn not_applied(e: &ClientError) -> bool {
 /// One encoded dense slice: its chunk, its range in the tensor, its payload.
 pub(crate) type EncodedSlice = (u64, Range<usize>, Encoded);
 
-/// Counts a payload this client sent, by table and codec.
-pub(crate) fn wire_metric(direction: &'static str, table: &str, codec: &str, e: &Encoded) {
-    count_wire(
-        direction,
-        table,
-        codec,
-        wire_len(e),
-        e.header.num_values * 4,
-    );
+/// Counts a payload this client sent, standing for `values` values, by table and codec.
+pub(crate) fn wire_metric(
+    direction: &'static str,
+    table: &str,
+    codec: &str,
+    e: &Encoded,
+    values: u64,
+) {
+    count_wire(direction, table, codec, wire_len(e), values * 4);
 }
 
 /// A plain-f32 slice that stays in the caller's memory until it is sent: the header of its

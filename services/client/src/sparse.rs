@@ -58,6 +58,21 @@ impl PsClient {
             }
             out
         };
+        // What goes on the wire: a sparse codec's request carries only the rows it has an
+        // entry for, and their ids (the rest of each row is in the residual, or was zero).
+        let mut sent: Vec<(usize, Vec<u64>, Encoded)> = Vec::with_capacity(requests.len());
+        for (i, (_, ids, e)) in requests.iter().enumerate() {
+            match e
+                .rows_carried(dim)
+                .map_err(|e| ClientError::InvalidInput(e.to_string()))?
+            {
+                Some((rows, _)) if rows.is_empty() => {}
+                Some((rows, compact)) => {
+                    sent.push((i, rows.iter().map(|&r| ids[r]).collect(), compact))
+                }
+                None => sent.push((i, ids.clone(), e.clone())),
+            }
+        }
         self.inner.encode_nanos.fetch_add(
             started.elapsed().as_nanos() as u64,
             std::sync::atomic::Ordering::Relaxed,
@@ -66,10 +81,11 @@ impl PsClient {
         let codec_name = codec.push.codec.to_string();
         let clock = Some(self.inner.clock.load(std::sync::atomic::Ordering::Relaxed))
             .filter(|&c| c != u64::MAX);
-        let calls: Vec<(usize, (Vec<u64>, pb::Payload))> = requests
+        let calls: Vec<(usize, (Vec<u64>, pb::Payload))> = sent
             .iter()
-            .map(|(shard, ids, e)| {
-                wire_metric("push", &table, &codec_name, e);
+            .map(|(i, ids, e)| {
+                let (shard, _, full) = &requests[*i];
+                wire_metric("push", &table, &codec_name, e, full.header.num_values);
                 (*shard, (ids.clone(), Payload::from(e.clone()).into()))
             })
             .collect();
@@ -92,18 +108,23 @@ impl PsClient {
                 }
             })
             .await;
-        settle(
+        let mut summary = settle(
             results,
-            |i| std::iter::once(&requests[i].2),
-            |i| {
+            |j| {
+                let (i, _, e) = &sent[j];
+                std::iter::once((e, requests[*i].2.header.num_values))
+            },
+            |j| {
                 let mut guard = sender.lock();
                 let lossy = guard.lossy();
                 if lossy && let Some(rows) = guard.rows.as_mut() {
-                    let (_, ids, sent) = &requests[i];
-                    let _ = rows.restore(ids, sent);
+                    let (_, ids, full) = &requests[sent[j].0];
+                    let _ = rows.restore(ids, full);
                 }
             },
-        )
+        )?;
+        summary.rows = sent.iter().map(|(_, ids, _)| ids.len() as u64).sum();
+        Ok(summary)
     }
 
     /// Pulls rows `ids` of sparse table `name`: `ids.len() * dim` values, row after row.

@@ -361,6 +361,37 @@ impl Encoded {
         Ok(Some(out))
     }
 
+    /// For a sparse payload (top-k, random-k) over rows of `dim` values: the rows holding at
+    /// least one entry, ascending, and the same entries re-indexed over those rows alone (their
+    /// values' bytes unchanged, uncompressed). `None` for a dense encoding, which carries every
+    /// row. A sparse push sends only these rows and their ids.
+    pub fn rows_carried(&self, dim: usize) -> Result<Option<(Vec<usize>, Encoded)>, CodecError> {
+        if !self.header.encoding.is_sparse() {
+            return Ok(None);
+        }
+        if dim == 0 || !self.header.num_values.is_multiple_of(dim as u64) {
+            return Err(header_err(format!(
+                "{} values are not rows of {dim}",
+                self.header.num_values
+            )));
+        }
+        let raw = raw_bytes(&self.header, &self.data)?;
+        let (rows, data) = sparse::compact_rows(&self.header, &raw, dim)?;
+        let header = Header {
+            num_values: (rows.len() * dim) as u64,
+            compression: Compression::None,
+            raw_len: data.len() as u64,
+            ..self.header
+        };
+        Ok(Some((
+            rows,
+            Encoded {
+                header,
+                data: Bytes::from(data),
+            },
+        )))
+    }
+
     /// Bytes on the wire.
     pub fn wire_len(&self) -> usize {
         self.data.len()

@@ -194,28 +194,18 @@ pub fn encode_entries(indices: &[u32], picked: &[f32], encoding: Encoding, out: 
     }
 }
 
-/// Calls `f(index, value)` for each entry of a sparse payload after checking the whole layout:
-/// exactly `num_entries` values and varints, indices ascending and below `num_values`, no bytes
-/// left over. Nothing is reported when anything is wrong.
-pub fn for_each_entry(
-    header: &Header,
-    raw: &[u8],
-    mut f: impl FnMut(usize, f32),
-) -> Result<(), CodecError> {
+/// The entries' indices of a sparse payload, ascending, and the bytes of their values, after
+/// checking the layout: exactly `num_entries` values and varints, indices ascending and below
+/// `num_values`, no bytes left over.
+fn entries(header: &Header, raw: &[u8]) -> Result<(Vec<usize>, usize), CodecError> {
     let k = usize::try_from(header.num_entries)
         .map_err(|_| data_err("num_entries does not fit this machine"))?;
     let n = header.num_values;
-    let vb = if header.encoding == Encoding::SparseF16 {
-        2
-    } else {
-        4
-    };
     let vals_len = k
-        .checked_mul(vb)
+        .checked_mul(value_bytes(header.encoding))
         .filter(|&l| l <= raw.len())
         .ok_or_else(|| data_err(format!("the data is too short for {k} values")))?;
-    let (vals, idx_bytes) = raw.split_at(vals_len);
-    // First pass: indices only, so that a bad one is found before anything is written.
+    let idx_bytes = &raw[vals_len..];
     let mut indices = Vec::with_capacity(k);
     let mut pos = 0usize;
     let mut next = 0u64; // the smallest index the next entry may have
@@ -237,6 +227,30 @@ pub fn for_each_entry(
             idx_bytes.len() - pos
         )));
     }
+    Ok((indices, vals_len))
+}
+
+/// Bytes of one value in a sparse payload.
+fn value_bytes(encoding: Encoding) -> usize {
+    if encoding == Encoding::SparseF16 {
+        2
+    } else {
+        4
+    }
+}
+
+/// Calls `f(index, value)` for each entry of a sparse payload after checking the whole layout
+/// (see [`entries`]). Nothing is reported when anything is wrong.
+pub fn for_each_entry(
+    header: &Header,
+    raw: &[u8],
+    mut f: impl FnMut(usize, f32),
+) -> Result<(), CodecError> {
+    // Indices first, so that a bad one is found before anything is reported.
+    let (indices, vals_len) = entries(header, raw)?;
+    let vals = &raw[..vals_len];
+    let vb = value_bytes(header.encoding);
+    let k = indices.len();
     if vb == 2 {
         for (&i, b) in indices.iter().zip(vals.chunks_exact(2)) {
             f(i, f16::from_le_bytes([b[0], b[1]]).to_f32());
@@ -249,4 +263,34 @@ pub fn for_each_entry(
         }
     }
     Ok(())
+}
+
+/// A checked sparse payload over rows of `dim` values, re-indexed over the rows its entries
+/// fall in: those rows, ascending, and the new raw bytes (the values' bytes as they were, then
+/// the new indices' gaps). Entry `i` of row `r` becomes entry `rank(r) * dim + i % dim`.
+pub fn compact_rows(
+    header: &Header,
+    raw: &[u8],
+    dim: usize,
+) -> Result<(Vec<usize>, Vec<u8>), CodecError> {
+    let (indices, vals_len) = entries(header, raw)?;
+    let dim = dim.max(1);
+    let mut out = Vec::with_capacity(raw.len());
+    out.extend_from_slice(&raw[..vals_len]);
+    let mut rows: Vec<usize> = Vec::new();
+    let mut prev: Option<usize> = None;
+    for i in indices {
+        let row = i / dim;
+        if rows.last() != Some(&row) {
+            rows.push(row);
+        }
+        let j = (rows.len() - 1) * dim + i % dim;
+        let gap = match prev {
+            None => j,
+            Some(p) => j - p - 1,
+        };
+        write_varint(&mut out, gap as u64);
+        prev = Some(j);
+    }
+    Ok((rows, out))
 }

@@ -268,6 +268,37 @@ proptest! {
         let _ = decode(&e.header, &data, &mut out);
     }
 
+    /// A sparse payload over rows, compacted to the rows it touches, decodes to the same rows;
+    /// every row left out decoded to zeros, and no row kept is all zeros. Dense encodings
+    /// carry every row and are not compacted.
+    #[test]
+    fn compacted_rows_decode_to_the_same_rows(
+        codec in lossy_codecs(),
+        (dim, v) in (1usize..9, 1usize..60)
+            .prop_flat_map(|(dim, rows)| (Just(dim), values(10.0, rows * dim))),
+    ) {
+        let e = encoder(codec).encode(&v);
+        let full = e.to_vec().unwrap();
+        let Some((kept, compact)) = e.rows_carried(dim).unwrap() else {
+            prop_assert!(!e.header.encoding.is_sparse());
+            return Ok(());
+        };
+        prop_assert!(kept.windows(2).all(|w| w[0] < w[1]));
+        prop_assert_eq!(compact.header.num_entries, e.header.num_entries);
+        compact.header.check(compact.data.len()).unwrap();
+        let back = compact.to_vec().unwrap();
+        prop_assert_eq!(back.len(), kept.len() * dim);
+        for (r, row) in full.chunks_exact(dim).enumerate() {
+            match kept.binary_search(&r) {
+                Ok(rank) => {
+                    prop_assert_eq!(&back[rank * dim..(rank + 1) * dim], row);
+                    prop_assert!(compact.indices().unwrap().unwrap().iter().any(|&i| i / dim == rank));
+                }
+                Err(_) => prop_assert!(row.iter().all(|&x| x == 0.0)),
+            }
+        }
+    }
+
     #[test]
     fn codec_text_round_trips(codec in lossy_codecs()) {
         let back: Codec = codec.to_string().parse().unwrap();

@@ -97,6 +97,9 @@ class PushSummary:
     skipped_non_finite: int = 0
     wire_bytes: int = 0
     raw_bytes: int = 0
+    # Rows (ids) a sparse push sent: a sparse codec's push leaves out the rows it has no entry
+    # for. 0 for dense pushes.
+    rows: int = 0
 
     def _add(self, r: pb.PushResponse, payload_bytes: int, values: int) -> None:
         self.requests += 1
@@ -692,6 +695,15 @@ class Client:
                         st.rows = cd.RowResiduals(dim, cd.RowResiduals.rows_in(self.row_residual_bytes, dim))
                     p = st.rows.compress(rid, values.reshape(-1), codec, min_values=self.min_values, lz4=self.lz4)
                 requests.append((shard, rid, p))
+        # What goes on the wire: a sparse codec's request carries only the rows it has an entry
+        # for, and their ids (the rest of each row is in the residual, or was zero).
+        sent = []
+        for i, (shard, rid, p) in enumerate(requests):
+            carried = cd.rows_carried(p, dim)
+            if carried is None:
+                sent.append((i, shard, rid, p))
+            elif len(carried[0]):
+                sent.append((i, shard, rid[carried[0]], carried[1]))
 
         def send(shard: int, rid: npt.NDArray[np.uint64], p: pb.Payload) -> pb.PushResponse:
             seq, floor = self._seqs.begin()
@@ -712,17 +724,19 @@ class Client:
             finally:
                 self._seqs.end(seq)
 
-        results = self._fan([functools.partial(send, *r) for r in requests])
+        results = self._fan([functools.partial(send, shard, rid, p) for _, shard, rid, p in sent])
         summary = PushSummary()
         first: Optional[BaseException] = None
-        for (shard, rid, p), r in zip(requests, results):
+        for (i, _, sent_ids, p), r in zip(sent, results):
+            _, rid, full = requests[i]
             if isinstance(r, BaseException):
                 first = first or r
                 if not codec.lossless and _not_applied(r) and st.rows is not None:
                     with st.lock:
-                        st.rows.restore(rid, p)
+                        st.rows.restore(rid, full)
                 continue
-            summary._add(r, len(p.data), p.num_values)
+            summary._add(r, len(p.data), full.num_values)
+            summary.rows += len(sent_ids)
         if first is not None:
             raise first
         return summary

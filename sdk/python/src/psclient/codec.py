@@ -350,6 +350,27 @@ def decode(p: "pb.Payload", out: Optional[F32Array] = None) -> F32Array:
     return out
 
 
+def rows_carried(p: "pb.Payload", dim: int) -> Optional[Tuple[npt.NDArray[np.int64], "pb.Payload"]]:
+    """For a sparse payload (top-k) over rows of ``dim`` values: the rows holding at least one
+    entry, ascending, and the same entries re-indexed over those rows alone (the values' bytes
+    unchanged, uncompressed); ``None`` for a dense encoding, which carries every row. A sparse
+    push sends only these rows and their ids."""
+    if p.encoding not in (pb.ENCODING_SPARSE_F16, pb.ENCODING_SPARSE_F32):
+        return None
+    n, k = p.num_values, p.num_entries
+    if dim <= 0 or n % dim:
+        raise ProtocolError(f"{n} values are not rows of {dim}")
+    raw = raw_bytes(p, 16 * n + 64)
+    vb = 2 if p.encoding == pb.ENCODING_SPARSE_F16 else 4
+    if k > n or vb * k > len(raw):
+        raise ProtocolError(f"a sparse payload of {k} entries does not fit its data")
+    idx = _read_varints(raw[vb * k :], k, n)
+    rows, rank = np.unique(idx // dim, return_inverse=True)
+    data = raw[: vb * k] + _varints(rank.astype(np.int64) * dim + idx % dim)
+    q = pb.Payload(num_values=len(rows) * dim, encoding=p.encoding, num_entries=k, raw_len=len(data), data=data)
+    return rows.astype(np.int64), q
+
+
 def _expect(raw: bytes, want: int, what: str) -> None:
     if len(raw) != want:
         raise ProtocolError(f"an {what} payload of {len(raw)} bytes where {want} were expected")
