@@ -42,8 +42,9 @@ impl Inner {
 }
 
 /// Sums the answers of a push's requests (`(request index, answer)`), counting the payloads
-/// of each applied one (what was sent, and how many values it stands for). A request the shard refused (certainly not applied) goes to `refused`,
-/// which gives its part back to the residual. The first error, if any, is the push's.
+/// of each applied one (what was sent, and how many values it stands for). A request the
+/// shard refused (certainly not applied) goes to `refused`, which gives its part back to the
+/// residual. The first error, if any, is the push's.
 pub(crate) fn settle<'a, P>(
     results: Vec<(usize, Result<pb::PushResponse, ClientError>)>,
     payloads: impl Fn(usize) -> P,

@@ -183,13 +183,14 @@ pub fn encode_entries(indices: &[u32], picked: &[f32], encoding: Encoding, out: 
         Encoding::SparseF16 => crate::quant::encode_f16(picked, out),
         _ => out.extend_from_slice(bytemuck::cast_slice(picked)),
     }
-    let mut prev: Option<u32> = None;
-    for &i in indices {
-        let gap = match prev {
-            None => u64::from(i),
-            Some(p) => u64::from(i - p - 1),
-        };
-        write_varint(out, gap);
+    write_indices(out, indices.iter().map(|&i| u64::from(i)));
+}
+
+/// Appends ascending, distinct indices as varints: the first, then each gap less one.
+fn write_indices(out: &mut Vec<u8>, indices: impl IntoIterator<Item = u64>) {
+    let mut prev: Option<u64> = None;
+    for i in indices {
+        write_varint(out, prev.map_or(i, |p| i - p - 1));
         prev = Some(i);
     }
 }
@@ -278,19 +279,16 @@ pub fn compact_rows(
     let mut out = Vec::with_capacity(raw.len());
     out.extend_from_slice(&raw[..vals_len]);
     let mut rows: Vec<usize> = Vec::new();
-    let mut prev: Option<usize> = None;
-    for i in indices {
-        let row = i / dim;
-        if rows.last() != Some(&row) {
-            rows.push(row);
-        }
-        let j = (rows.len() - 1) * dim + i % dim;
-        let gap = match prev {
-            None => j,
-            Some(p) => j - p - 1,
-        };
-        write_varint(&mut out, gap as u64);
-        prev = Some(j);
-    }
+    let reindexed: Vec<u64> = indices
+        .into_iter()
+        .map(|i| {
+            let row = i / dim;
+            if rows.last() != Some(&row) {
+                rows.push(row);
+            }
+            ((rows.len() - 1) * dim + i % dim) as u64
+        })
+        .collect();
+    write_indices(&mut out, reindexed);
     Ok((rows, out))
 }
