@@ -300,24 +300,15 @@ impl<B: Backend + Clone> Trainer<B> {
             let pulled_before = self.ps.pulled_bytes();
             // The clock this step's sparse pushes carry (tables with ttl_clocks age by it).
             self.ps.set_clock(grant.clock);
-            if self.cache.stale(grant.clock) {
-                self.pull_dense(grant.min_clock)
-                    .instrument(tracing::info_span!(parent: &step, "pull", kind = "dense"))
-                    .await?;
-            }
-            times.pull = step_start.elapsed();
-            let t0 = Instant::now();
             let batch = tokio::task::block_in_place(|| prefetch.next())
                 .context("the prefetch thread stopped")?;
-            let waited_data = t0.elapsed();
+            let waited_data = step_start.elapsed();
             times.data = waited_data;
-            if !self.net.sparse_tables().is_empty() {
-                let t = Instant::now();
-                self.pull_rows(&batch, false)
-                    .instrument(tracing::info_span!(parent: &step, "pull", kind = "sparse"))
-                    .await?;
-                times.pull += t.elapsed();
-            }
+            let pull_start = Instant::now();
+            let stale = self.cache.stale(grant.clock);
+            self.pull_step(&batch, stale.then_some(grant.min_clock), &step)
+                .await?;
+            times.pull = pull_start.elapsed();
             let pulled = self.ps.pulled_bytes();
             let (pull_wire, pull_raw) = (pulled.0 - pulled_before.0, pulled.1 - pulled_before.1);
             // Scale so the sum over every worker's push is the mean over the global batch.
@@ -439,27 +430,60 @@ impl<B: Backend + Clone> Trainer<B> {
         examples as f64 / self.split.train.len().max(1) as f64
     }
 
-    /// Pulls every dense table into the model (and the cache), the job's minimum clock being
-    /// `min_clock`.
-    async fn pull_dense(&mut self, min_clock: u64) -> anyhow::Result<()> {
-        self.refresh_dense(false).await?;
-        self.cache.pulled_at(min_clock);
+    /// Pulls what a training step needs, under the tables' pull codecs, in one round: every
+    /// dense table when `dense` holds the job's minimum clock (the cached copy is stale), and
+    /// the rows `batch` touches. The two go at once, not one after the other: over a slow
+    /// link the row ids go up while the dense tables come down.
+    async fn pull_step(
+        &mut self,
+        batch: &Batch,
+        dense: Option<u64>,
+        step: &tracing::Span,
+    ) -> anyhow::Result<()> {
+        let (ps, dense_tables, sparse_tables) =
+            (&self.ps, self.net.dense_tables(), self.net.sparse_tables());
+        let (tables, rows) = tokio::try_join!(
+            async {
+                match dense {
+                    Some(_) => fetch_dense(ps, dense_tables, false)
+                        .instrument(tracing::info_span!(parent: step, "pull", kind = "dense"))
+                        .await
+                        .map(Some),
+                    None => Ok(None),
+                }
+            },
+            async {
+                if sparse_tables.is_empty() {
+                    Ok(None)
+                } else {
+                    fetch_rows(ps, sparse_tables, batch, false)
+                        .instrument(tracing::info_span!(parent: step, "pull", kind = "sparse"))
+                        .await
+                        .map(Some)
+                }
+            }
+        )?;
+        if let (Some(pulled), Some(min_clock)) = (tables, dense) {
+            self.set_dense(pulled)?;
+            self.cache.pulled_at(min_clock);
+        }
+        if let Some(rows) = rows {
+            self.net.set_rows(&rows)?;
+        }
         Ok(())
     }
 
     /// Pulls every dense table into the model and the cached copy, under the tables' pull
     /// codecs, or `exact`ly (f32, for evaluating what the shards hold).
     async fn refresh_dense(&mut self, exact: bool) -> anyhow::Result<()> {
+        let pulled = fetch_dense(&self.ps, self.net.dense_tables(), exact).await?;
+        self.set_dense(pulled)
+    }
+
+    /// Takes pulled dense tables (from [`Self::fetch_dense`]) into the model and the cached
+    /// copy.
+    fn set_dense(&mut self, pulled: Vec<Vec<f32>>) -> anyhow::Result<()> {
         let tables = self.net.dense_tables().to_vec();
-        let ps = &self.ps;
-        let pulled = try_join_all(tables.iter().map(|(t, _)| async move {
-            if exact {
-                ps.pull_dense_f32(t).await
-            } else {
-                ps.pull_dense(t).await
-            }
-        }))
-        .await?;
         for ((t, _), v) in tables.iter().zip(&pulled) {
             self.net.set_dense(t, v)?;
         }
@@ -475,32 +499,6 @@ impl<B: Backend + Clone> Trainer<B> {
             .iter()
             .filter_map(|(t, _)| self.ps.row_residuals(t).ok())
             .fold((0, 0), |(r, e), (rows, evicted)| (r + rows, e + evicted))
-    }
-
-    /// Pulls the rows `batch` touches into the model, under the tables' pull codecs, or
-    /// `exact`ly (f32, for evaluating what the shards hold).
-    async fn pull_rows(&mut self, batch: &Batch, exact: bool) -> anyhow::Result<()> {
-        let ids = SparseRows::ids_of(batch);
-        let tables = self.net.sparse_tables();
-        let ps = &self.ps;
-        let ids_ref = &ids;
-        let pulled = try_join_all(tables.iter().map(|(t, _)| async move {
-            if exact {
-                ps.pull_sparse_f32(t, ids_ref).await
-            } else {
-                ps.pull_sparse(t, ids_ref).await
-            }
-        }))
-        .await?;
-        // In the order of sparse_tables: wide, then emb.
-        let mut pulled = pulled.into_iter();
-        let rows = SparseRows {
-            ids,
-            wide: pulled.next().unwrap_or_default(),
-            emb: pulled.next().unwrap_or_default(),
-        };
-        self.net.set_rows(&rows)?;
-        Ok(())
     }
 
     /// Forward and backward over the batch in micro-batches; returns the summed loss and hits.
@@ -585,7 +583,8 @@ impl<B: Backend + Clone> Trainer<B> {
             let idx: Vec<usize> = (start..(start + step).min(n)).collect();
             test.gather(&idx, &mut batch);
             if !self.net.sparse_tables().is_empty() {
-                self.pull_rows(&batch, true).await?;
+                let rows = fetch_rows(&self.ps, self.net.sparse_tables(), &batch, true).await?;
+                self.net.set_rows(&rows)?;
             }
             let s = tokio::task::block_in_place(|| self.net.step(&batch, 1.0, false, &mut probs))?;
             loss += s.loss;
@@ -611,4 +610,47 @@ impl<B: Backend + Clone> Trainer<B> {
         self.run.eval(&e)?;
         Ok(e)
     }
+}
+
+/// Every dense table of `tables`, in order, under the tables' pull codecs or `exact`ly (f32,
+/// for evaluating what the shards hold).
+async fn fetch_dense(
+    ps: &PsClient,
+    tables: &[(String, usize)],
+    exact: bool,
+) -> anyhow::Result<Vec<Vec<f32>>> {
+    Ok(try_join_all(tables.iter().map(|(t, _)| async move {
+        if exact {
+            ps.pull_dense_f32(t).await
+        } else {
+            ps.pull_dense(t).await
+        }
+    }))
+    .await?)
+}
+
+/// The rows `batch` touches in the sparse `tables` (`wide`, then `emb`), under the tables'
+/// pull codecs or `exact`ly.
+async fn fetch_rows(
+    ps: &PsClient,
+    tables: &[(String, usize)],
+    batch: &Batch,
+    exact: bool,
+) -> anyhow::Result<SparseRows> {
+    let ids = SparseRows::ids_of(batch);
+    let ids_ref = &ids;
+    let pulled = try_join_all(tables.iter().map(|(t, _)| async move {
+        if exact {
+            ps.pull_sparse_f32(t, ids_ref).await
+        } else {
+            ps.pull_sparse(t, ids_ref).await
+        }
+    }))
+    .await?;
+    let mut pulled = pulled.into_iter();
+    Ok(SparseRows {
+        ids,
+        wide: pulled.next().unwrap_or_default(),
+        emb: pulled.next().unwrap_or_default(),
+    })
 }

@@ -338,13 +338,9 @@ def decode(p: "pb.Payload", out: Optional[F32Array] = None) -> F32Array:
         mag = np.repeat(scales, block)[:n]
         out[:] = np.where(negative, -mag, mag)
     elif enc in (pb.ENCODING_SPARSE_F16, pb.ENCODING_SPARSE_F32):
-        k = p.num_entries
-        vb = 2 if enc == pb.ENCODING_SPARSE_F16 else 4
-        if k > n or vb * k > len(raw):
-            raise ProtocolError(f"a sparse payload of {k} entries does not fit its data")
-        idx = _read_varints(raw[vb * k :], k, n)
+        values, idx = _sparse_entries(p, raw)
         out[:] = 0
-        out[idx] = np.frombuffer(raw[: vb * k], dtype="<f2" if vb == 2 else "<f4")
+        out[idx] = np.frombuffer(values, dtype="<f2" if enc == pb.ENCODING_SPARSE_F16 else "<f4")
     else:
         raise ProtocolError(f"payload encoding {enc} is not supported here")
     return out
@@ -360,15 +356,21 @@ def rows_carried(p: "pb.Payload", dim: int) -> Optional[Tuple[npt.NDArray[np.int
     n, k = p.num_values, p.num_entries
     if dim <= 0 or n % dim:
         raise ProtocolError(f"{n} values are not rows of {dim}")
-    raw = raw_bytes(p, 16 * n + 64)
+    values, idx = _sparse_entries(p, raw_bytes(p, 16 * n + 64))
+    rows, rank = np.unique(idx // dim, return_inverse=True)
+    data = values + _varints(rank.astype(np.int64) * dim + idx % dim)
+    q = pb.Payload(num_values=len(rows) * dim, encoding=p.encoding, num_entries=k, raw_len=len(data), data=data)
+    return rows.astype(np.int64), q
+
+
+def _sparse_entries(p: "pb.Payload", raw: bytes) -> Tuple[bytes, npt.NDArray[np.int64]]:
+    """A sparse payload's entries (``raw``, its uncompressed data): the values' bytes and their
+    positions, checked against the payload's ``num_values`` and ``num_entries``."""
+    n, k = p.num_values, p.num_entries
     vb = 2 if p.encoding == pb.ENCODING_SPARSE_F16 else 4
     if k > n or vb * k > len(raw):
         raise ProtocolError(f"a sparse payload of {k} entries does not fit its data")
-    idx = _read_varints(raw[vb * k :], k, n)
-    rows, rank = np.unique(idx // dim, return_inverse=True)
-    data = raw[: vb * k] + _varints(rank.astype(np.int64) * dim + idx % dim)
-    q = pb.Payload(num_values=len(rows) * dim, encoding=p.encoding, num_entries=k, raw_len=len(data), data=data)
-    return rows.astype(np.int64), q
+    return raw[: vb * k], _read_varints(raw[vb * k :], k, n)
 
 
 def _expect(raw: bytes, want: int, what: str) -> None:
