@@ -480,7 +480,7 @@ impl<B: Backend + Clone> Trainer<B> {
         self.set_dense(pulled)
     }
 
-    /// Takes pulled dense tables (from [`Self::fetch_dense`]) into the model and the cached
+    /// Takes pulled dense tables (from [`fetch_dense`]) into the model and the cached
     /// copy.
     fn set_dense(&mut self, pulled: Vec<Vec<f32>>) -> anyhow::Result<()> {
         let tables = self.net.dense_tables().to_vec();
