@@ -208,9 +208,10 @@ fn sparse_link_suite(name: &'static str, title: &'static str, base: &'static str
                 A step moves about 45 KB each way in f32, so the link is a small part of it.",
         base,
         epochs: 3.0,
-        // The model is near its final accuracy within a quarter epoch: evaluations every 16
-        // clocks (a fifth of a second) measure when.
-        evals_per_epoch: 16.0,
+        // The model is near its final accuracy within a quarter epoch, and the configurations
+        // reach it within a tenth of a second of each other: evaluations every 4 clocks
+        // (about 0.02 s) measure when.
+        evals_per_epoch: 64.0,
         train_examples: ADULT_TRAIN,
         target: 0.845,
         configs: sparse_link_configs(),
@@ -483,8 +484,11 @@ pub async fn run(a: &ExperimentArgs) -> anyhow::Result<()> {
     let mut results = Vec::new();
     let mut done = 0;
     for suite in &chosen {
-        for c in &suite.configs {
-            for seed in 1..=a.seeds {
+        // Seed by seed, each seed's configurations one after another: a drift in the machine's
+        // speed over a suite (on a shared VM, 10-20% within minutes) then falls on every
+        // configuration alike instead of on whichever ran last.
+        for seed in 1..=a.seeds {
+            for c in &suite.configs {
                 done += 1;
                 eprintln!(
                     "[{done}/{total}] {} / {} / seed {seed}",

@@ -740,7 +740,8 @@ async fn top_k_with_feedback_tracks_dense_sgd() {
 async fn delta_pulls_converge_and_resync() {
     let cluster = TestCluster::start(2).await;
     let writer = cluster.client().await;
-    let spec = dense_sgd("m", &[6000], 1.0);
+    // Chunks above 2,048 values: smaller ones come as their whole change (the next test).
+    let spec = dense_sgd("m", &[6000], 1.0).with_chunk_elems(3000).unwrap();
     writer.create_table(spec).await.unwrap();
     let reader_cfg = || {
         let mut cfg = ClientConfig::new(cluster.endpoints.clone());
@@ -790,6 +791,62 @@ async fn delta_pulls_converge_and_resync() {
     assert_eq!(
         fresh.pull_dense("m").await.unwrap(),
         writer.pull_dense("m").await.unwrap()
+    );
+    cluster.stop().await;
+}
+
+/// A delta pull of a small chunk (at most 2,048 values) brings all of its change in fp16
+/// rather than its top-k: every value moves at once, to within fp16's rounding of the change,
+/// and the rounding owed comes with the next pull.
+#[tokio::test]
+async fn a_small_chunk_comes_as_its_whole_change() {
+    let cluster = TestCluster::start(1).await;
+    let writer = cluster.client().await;
+    let n = 512;
+    writer
+        .create_table(dense_sgd("b", &[n], 1.0))
+        .await
+        .unwrap();
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.codec = TableCodec {
+        pull: PullCodec::DeltaTopK { ratio: 0.02 },
+        ..TableCodec::default()
+    };
+    let reader = PsClient::connect(cfg).await.unwrap();
+    writer
+        .push_dense("b", &gradient(n as usize, 1))
+        .await
+        .unwrap();
+    let before = reader.pull_dense("b").await.unwrap();
+    assert_eq!(
+        before,
+        writer.pull_dense("b").await.unwrap(),
+        "first pull: whole"
+    );
+    let g = gradient(n as usize, 2);
+    writer.push_dense("b", &g).await.unwrap();
+    let exact = writer.pull_dense("b").await.unwrap();
+    let got = reader.pull_dense("b").await.unwrap();
+    let moved = got.iter().zip(&before).filter(|(a, b)| a != b).count();
+    assert!(
+        moved > n as usize * 9 / 10,
+        "{moved} of {n} values moved (2% top-k would move about 10)"
+    );
+    for ((got, exact), g) in got.iter().zip(&exact).zip(&g) {
+        assert!(
+            (got - exact).abs() <= g.abs() / 1000.0 + 1e-7,
+            "{got} against {exact}: more than fp16's rounding of the change {g}"
+        );
+    }
+    let again = reader.pull_dense("b").await.unwrap();
+    let gap = again
+        .iter()
+        .zip(&exact)
+        .map(|(a, b)| (a - b).abs())
+        .fold(0.0f32, f32::max);
+    assert!(
+        gap < 1e-6,
+        "the rounding owed came with the next pull: gap {gap}"
     );
     cluster.stop().await;
 }

@@ -377,7 +377,7 @@ async fn compressed_pulls_train_and_bring_fewer_bytes() {
             "--dataset",
             DATA,
             "--model",
-            "mlp:16",
+            "mlp:256",
             "--epochs",
             "3",
             "--batch",
@@ -391,8 +391,9 @@ async fn compressed_pulls_train_and_bring_fewer_bytes() {
         args.extend(extra);
         local(&args, &dir)
     };
-    // The model's values: w0 16x16, b0 16, w1 16x4, b1 4.
-    let model_bytes = 4.0 * (16.0 * 16.0 + 16.0 + 16.0 * 4.0 + 4.0);
+    // The model's values: w0 16x256 (4,096 values, past the 2,048 below which a delta pull
+    // brings a chunk's whole change in fp16), b0 256, w1 256x4, b1 4.
+    let model_bytes = 4.0 * (16.0 * 256.0 + 256.0 + 256.0 * 4.0 + 4.0);
     let fp16 = ps_cli::local::run(&run("fp16", &[], "fp16")).await.unwrap();
     let delta = ps_cli::local::run(&run(
         "delta-topk:0.1",
@@ -434,8 +435,9 @@ async fn compressed_pulls_train_and_bring_fewer_bytes() {
     );
     let ratio = f.pull_wire_bytes_per_step / f.pull_raw_bytes_per_step;
     assert!((0.49..=0.51).contains(&ratio), "fp16 pulls: {ratio}");
-    // Delta pulls at 10% bring a fraction of the values' f32 bytes (the first pull of each
-    // chunk comes whole).
+    // Delta pulls at 10% bring a fraction of the values' f32 bytes: the top tenth of w0's
+    // change, the whole change of the small chunks in fp16 (the first pull of each chunk comes
+    // whole).
     let d = &delta.result;
     assert!(d.pull_raw_bytes_per_step > 0.0, "{d:?}");
     let ratio = d.pull_wire_bytes_per_step / d.pull_raw_bytes_per_step;

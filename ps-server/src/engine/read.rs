@@ -165,10 +165,17 @@ impl<S: Store> Engine<S> {
     }
 }
 
+/// A delta pull sends the whole change of a chunk this small (its fp16 form at most this many
+/// bytes) instead of its top-k: a few values of a small chunk (a bias, a small layer) save a
+/// few KB at most, about a request's own cost on the wire, and leave the client's copy of
+/// that chunk behind for many pulls. The change's fp16 rounding is owed like top-k's rest.
+const DELTA_WHOLE_BYTES: usize = 4096;
+
 impl<S: Store> Inner<S> {
-    /// One chunk of a delta pull: the top `ratio` of `current - replica` when the client holds
-    /// the replica's version (the replica then takes exactly what the client will add), else
-    /// the whole chunk in f32 and a new version. Returns (payload, is_delta, version).
+    /// One chunk of a delta pull: the top `ratio` of `current - replica` (all of it in fp16 in
+    /// a chunk of at most `DELTA_WHOLE_BYTES / 2` values) when the client holds the replica's
+    /// version (the replica then takes exactly what the client will add), else the whole
+    /// chunk in f32 and a new version. Returns (payload, is_delta, version).
     fn delta_chunk(
         &self,
         table: &Table,
@@ -184,13 +191,18 @@ impl<S: Store> Inner<S> {
             && r.values.len() == current.len()
         {
             let change: Vec<f32> = current.iter().zip(&r.values).map(|(w, v)| w - v).collect();
+            let codec = if current.len() * 2 <= DELTA_WHOLE_BYTES {
+                ps_codec::Codec::F16
+            } else {
+                ps_codec::Codec::TopK {
+                    ratio,
+                    values: ps_codec::SparseValues::F16,
+                }
+            };
             let mut enc = ps_codec::Encoder::new(
                 ps_codec::CompressOptions {
                     error_feedback: true,
-                    codec: ps_codec::Codec::TopK {
-                        ratio,
-                        values: ps_codec::SparseValues::F16,
-                    },
+                    codec,
                     min_values: 0,
                     lz4: ps_codec::Lz4Policy::default(),
                 },
