@@ -691,12 +691,12 @@ fn stored_with_todays_flags(
     results
         .iter()
         .filter(|r| {
-            r.seed > after
-                && suite.configs.iter().any(|c| {
-                    r.suite == suite.name
-                        && r.config == c.label
-                        && r.flags == run_flags(a, suite, c, r.seed)
-                })
+            r.suite == suite.name
+                && r.seed > after
+                && suite
+                    .configs
+                    .iter()
+                    .any(|c| r.config == c.label && r.flags == run_flags(a, suite, c, r.seed))
         })
         .cloned()
         .collect()
@@ -1050,6 +1050,11 @@ fn ratio_text(ratio: f64, fast: &Row, slow: &Row) -> String {
     )
 }
 
+/// How many seeds a suite's section holds: the most runs of any of its configurations.
+fn seeds_held(rows: &[Row]) -> usize {
+    rows.iter().map(|r| r.runs).max().unwrap_or(0)
+}
+
 fn report(a: &ExperimentArgs, suites: &[Suite], results: &[RunResult]) -> String {
     let mut md = String::new();
     let suite_list = suites.iter().map(|s| s.name).collect::<Vec<_>>().join(",");
@@ -1057,7 +1062,7 @@ fn report(a: &ExperimentArgs, suites: &[Suite], results: &[RunResult]) -> String
     // seed past them.
     let seeds = suites
         .iter()
-        .map(|s| rows(s, results).iter().map(|r| r.runs).max().unwrap_or(0))
+        .map(|s| seeds_held(&rows(s, results)))
         .min()
         .unwrap_or(0)
         .max(1);
@@ -1096,7 +1101,7 @@ fn report(a: &ExperimentArgs, suites: &[Suite], results: &[RunResult]) -> String
         let rows = rows(suite, results);
         let _ = writeln!(md, "## {}\n\n{}\n", suite.title, suite.about);
         let epochs = (suite.epochs * a.epochs_scale * 1000.0).round() / 1000.0;
-        let seeds = rows.iter().map(|r| r.runs).max().unwrap_or(0);
+        let seeds = seeds_held(&rows);
         let _ = writeln!(
             md,
             "{epochs} epochs, {seeds} seeds; target {} test accuracy. Flags shared by every row: \
