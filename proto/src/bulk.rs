@@ -1,5 +1,5 @@
 //! Framing of the bulk stream, the shard's second listener for large plain-f32 dense pushes and
-//! pulls (described with `ShardInfoResponse.bulk_port` in `ps.proto`): a fixed 20-byte head, a
+//! pulls and sparse pushes (described with `ShardInfoResponse.bulk_port` in `ps.proto`): a fixed 20-byte head, a
 //! protobuf header, then the payload bytes themselves. The values cross once, as they are, with
 //! no HTTP/2 frames around them and no protobuf encoding of them.
 //!
@@ -21,10 +21,14 @@ pub const HEAD_LEN: usize = 20;
 pub const PUSH_DENSE: u32 = 1;
 /// Request kind of a `PullDense` call.
 pub const PULL_DENSE: u32 = 2;
+/// Request kind of a `PushSparse` call.
+pub const PUSH_SPARSE: u32 = 3;
 /// The gRPC method a bulk `PushDense` stands for: the name its spans carry on both sides.
 pub const PUSH_DENSE_PATH: &str = "/ps.v1.ParameterServer/PushDense";
 /// The gRPC method a bulk `PullDense` stands for.
 pub const PULL_DENSE_PATH: &str = "/ps.v1.ParameterServer/PullDense";
+/// The gRPC method a bulk `PushSparse` stands for.
+pub const PUSH_SPARSE_PATH: &str = "/ps.v1.ParameterServer/PushSparse";
 
 /// A frame's head. `kind` is the method of a request, the gRPC status code of an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -169,26 +173,30 @@ pub fn f32_body_len(slices: &[pb::DenseSlice]) -> Result<u64, String> {
             .values
             .as_ref()
             .ok_or_else(|| format!("slices[{i}]: a slice needs its values"))?;
-        if !is_plain_f32(v) {
-            return Err(format!(
-                "slices[{i}]: the bulk stream carries uncompressed ENCODING_F32 only (got {:?}, {:?}); \
-                 send other encodings through gRPC",
-                v.encoding(),
-                v.compression()
-            ));
-        }
-        if !v.data.is_empty() {
-            return Err(format!(
-                "slices[{i}]: a bulk header's payloads are empty; their data is the body"
-            ));
-        }
-        total = v
-            .num_values
-            .checked_mul(4)
-            .and_then(|b| total.checked_add(b))
-            .ok_or_else(|| format!("slices[{i}]: {} values overflow", v.num_values))?;
+        total = f32_payload_len(v)
+            .and_then(|b| total.checked_add(b).ok_or_else(|| "overflow".to_owned()))
+            .map_err(|e| format!("slices[{i}]: {e}"))?;
     }
     Ok(total)
+}
+
+/// The body one header payload calls for, in bytes: it must be uncompressed `ENCODING_F32`
+/// with its data left out (the data is the body).
+pub fn f32_payload_len(v: &pb::Payload) -> Result<u64, String> {
+    if !is_plain_f32(v) {
+        return Err(format!(
+            "the bulk stream carries uncompressed ENCODING_F32 only (got {:?}, {:?}); \
+             send other encodings through gRPC",
+            v.encoding(),
+            v.compression()
+        ));
+    }
+    if !v.data.is_empty() {
+        return Err("a bulk header's payloads are empty; their data is the body".to_owned());
+    }
+    v.num_values
+        .checked_mul(4)
+        .ok_or_else(|| format!("{} values overflow", v.num_values))
 }
 
 /// Gives each slice its data from `body` (split, not copied); `body` holds exactly what

@@ -1,11 +1,13 @@
-//! The bulk stream's server: plain-f32 `PushDense` and `PullDense` over a raw TCP stream (the
-//! framing is `ps_proto::bulk`, described in `ps.proto`). Each call is decoded into the same
-//! wire request the gRPC edge receives and handed to the same [`PsService`] method, so
+//! The bulk stream's server: plain-f32 `PushDense`, `PullDense` and `PushSparse` over a raw
+//! TCP stream (the framing is `ps_proto::bulk`, described in `ps.proto`). Each call is decoded
+//! into the same wire request the gRPC edge receives and handed to the same [`PsService`] method, so
 //! validation, exactly-once, metrics and errors are the gRPC path's; only the transport
 //! differs. A pushed body is read once from the socket into the buffer the engine logs and
 //! applies from; a pulled answer is written from the engine's buffers straight to the socket.
 
+use std::collections::HashMap;
 use std::io;
+use std::mem::take;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +15,7 @@ use bytes::{Bytes, BytesMut};
 use prost::Message;
 use ps_core::ValidationError;
 use ps_core::wire::reason;
-use ps_proto::bulk::{self, Head, PULL_DENSE_PATH, PUSH_DENSE_PATH};
+use ps_proto::bulk::{self, Head, PULL_DENSE_PATH, PUSH_DENSE_PATH, PUSH_SPARSE_PATH};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_server::ParameterServer;
 use ps_runtime::auth::{Admission, Auth};
@@ -22,7 +24,7 @@ use ps_runtime::tls::{Peer, PeerConn, ServerTls};
 use ps_runtime::trace;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Status};
@@ -252,54 +254,23 @@ async fn call<S: Store>(
     let timeout = limits.frame_timeout;
     match head.kind {
         bulk::PUSH_DENSE => {
-            let mut req = match push_header(head, header, limits.max_request_bytes) {
-                Ok(r) => r,
-                Err(refused) => {
-                    discard(sock, head.body_len, timeout).await?;
-                    return Ok(Err(refused));
-                }
+            let checked = push_header(head, header, limits.max_request_bytes);
+            let push = match push_call(sock, head, limits, gate, PUSH_DENSE_PATH, checked).await? {
+                Ok(push) => push,
+                Err(refused) => return Ok(Err(refused)),
             };
-            // Credentials before the body is read or held.
-            let authorization = std::mem::take(&mut req.authorization);
-            let parent = std::mem::take(&mut req.trace_context);
-            // `_admitted` holds the call's place in its caller's limits until it is answered.
-            let (mut req, _admitted) = match gate.admit(PUSH_DENSE_PATH, &authorization, req) {
-                Ok(r) => r,
-                Err(refused) => {
-                    discard(sock, head.body_len, timeout).await?;
-                    return Ok(Err(refused));
-                }
+            let answer = svc.push_dense(push.req);
+            let answer = trace::serve_bulk(PUSH_DENSE_PATH, &push.parent, answer).await;
+            Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
+        }
+        bulk::PUSH_SPARSE => {
+            let checked = sparse_push_header(head, header, limits.max_request_bytes);
+            let push = match push_call(sock, head, limits, gate, PUSH_SPARSE_PATH, checked).await? {
+                Ok(push) => push,
+                Err(refused) => return Ok(Err(refused)),
             };
-            // The body's share of the budget across connections, before it is read; held
-            // until the push is answered. A call that cannot have it within the call timeout
-            // (other calls hold it) is answered `unavailable`, to be retried, its body dropped.
-            let len = head.body_len as usize;
-            let units = (len / BUDGET_UNIT).clamp(1, limits.budget_bytes / BUDGET_UNIT);
-            let share = limits
-                .budget
-                .acquire_many(u32::try_from(units).unwrap_or(u32::MAX));
-            let _held = match tokio::time::timeout(timeout, share).await {
-                Ok(held) => held.map_err(|_| io::Error::other("the bulk budget is closed"))?,
-                Err(_) => {
-                    discard(sock, head.body_len, timeout).await?;
-                    return Ok(Err(refusal(
-                        Code::Unavailable,
-                        reason::RESOURCE_LIMIT,
-                        format!(
-                            "the bulk stream's budget of {} bytes is held by other calls; retry",
-                            limits.budget_bytes
-                        ),
-                        [
-                            ("resource", "bulk stream budget".to_owned()),
-                            ("needed_bytes", len.to_string()),
-                            ("limit_bytes", limits.budget_bytes.to_string()),
-                        ],
-                    )));
-                }
-            };
-            let body = read_body(sock, len, timeout).await?;
-            bulk::put_slice_data(&mut req.get_mut().slices, body);
-            let answer = trace::serve_bulk(PUSH_DENSE_PATH, &parent, svc.push_dense(req)).await;
+            let answer = svc.push_sparse(push.req);
+            let answer = trace::serve_bulk(PUSH_SPARSE_PATH, &push.parent, answer).await;
             Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
         }
         bulk::PULL_DENSE => {
@@ -337,11 +308,115 @@ async fn call<S: Store>(
             Ok(Err(refusal(
                 Code::Unimplemented,
                 reason::NOT_ON_BULK_STREAM,
-                format!("bulk method {other} is unknown to this shard (1 PushDense, 2 PullDense)"),
+                format!(
+                    "bulk method {other} is unknown to this shard (1 PushDense, 2 PullDense, \
+                     3 PushSparse)"
+                ),
                 [("method", other.to_string())],
             )))
         }
     }
+}
+
+/// A push request as the bulk stream carries it: credentials and trace context in the
+/// message (gRPC carries them in metadata), values in the body.
+trait BulkPush {
+    /// Takes out the caller's credentials and trace context.
+    fn credentials(&mut self) -> (String, HashMap<String, String>);
+    /// Gives the payloads their data: `body`, exactly the bytes the header called for.
+    fn fill(&mut self, body: Bytes);
+}
+
+impl BulkPush for pb::PushDenseRequest {
+    fn credentials(&mut self) -> (String, HashMap<String, String>) {
+        (take(&mut self.authorization), take(&mut self.trace_context))
+    }
+
+    fn fill(&mut self, body: Bytes) {
+        bulk::put_slice_data(&mut self.slices, body);
+    }
+}
+
+impl BulkPush for pb::PushSparseRequest {
+    fn credentials(&mut self) -> (String, HashMap<String, String>) {
+        (take(&mut self.authorization), take(&mut self.trace_context))
+    }
+
+    fn fill(&mut self, body: Bytes) {
+        if let Some(v) = self.values.as_mut() {
+            v.data = body;
+        }
+    }
+}
+
+/// A push admitted on the bulk stream, its body in place: the request and its caller's trace
+/// context; the caller's admission and the body's share of the budget are held until it is
+/// answered.
+struct Push<'a, T> {
+    req: Request<T>,
+    parent: HashMap<String, String>,
+    _admitted: Option<Admission>,
+    _held: SemaphorePermit<'a>,
+}
+
+/// Admits a push whose header was `checked` (credentials before the body is read or held),
+/// waits for its body's share of the budget and reads the body into it. A refusal has had its
+/// body read and dropped, so the stream stays in step. The outer error is the socket's.
+async fn push_call<'a, T: BulkPush>(
+    sock: &mut Sock,
+    head: Head,
+    limits: &'a Limits,
+    gate: &Gate,
+    path: &str,
+    checked: Result<T, Status>,
+) -> io::Result<Result<Push<'a, T>, Status>> {
+    let timeout = limits.frame_timeout;
+    let admitted = checked.and_then(|mut req| {
+        let (authorization, parent) = req.credentials();
+        gate.admit(path, &authorization, req)
+            .map(|(req, admission)| (req, parent, admission))
+    });
+    let (mut req, parent, admission) = match admitted {
+        Ok(a) => a,
+        Err(refused) => {
+            discard(sock, head.body_len, timeout).await?;
+            return Ok(Err(refused));
+        }
+    };
+    // The body's share of the budget across connections, before it is read. A call that
+    // cannot have it within the call timeout (other calls hold it) is answered `unavailable`,
+    // to be retried, its body dropped.
+    let len = head.body_len as usize;
+    let units = (len / BUDGET_UNIT).clamp(1, limits.budget_bytes / BUDGET_UNIT);
+    let share = limits
+        .budget
+        .acquire_many(u32::try_from(units).unwrap_or(u32::MAX));
+    let held = match tokio::time::timeout(timeout, share).await {
+        Ok(held) => held.map_err(|_| io::Error::other("the bulk budget is closed"))?,
+        Err(_) => {
+            discard(sock, head.body_len, timeout).await?;
+            return Ok(Err(refusal(
+                Code::Unavailable,
+                reason::RESOURCE_LIMIT,
+                format!(
+                    "the bulk stream's budget of {} bytes is held by other calls; retry",
+                    limits.budget_bytes
+                ),
+                [
+                    ("resource", "bulk stream budget".to_owned()),
+                    ("needed_bytes", len.to_string()),
+                    ("limit_bytes", limits.budget_bytes.to_string()),
+                ],
+            )));
+        }
+    };
+    req.get_mut().fill(read_body(sock, len, timeout).await?);
+    Ok(Ok(Push {
+        req,
+        parent,
+        _admitted: admission,
+        _held: held,
+    }))
 }
 
 /// A push's header, checked against its body before the body is read.
@@ -363,9 +438,40 @@ fn push_header(
         ));
     }
     let want = bulk::f32_body_len(&req.slices).map_err(bad_header)?;
+    body_fits(head, header, want, max_request_bytes)?;
+    Ok(req)
+}
+
+/// A sparse push's header, checked against its body before the body is read: its rows'
+/// values, plain f32, are the body.
+fn sparse_push_header(
+    head: Head,
+    header: &[u8],
+    max_request_bytes: usize,
+) -> Result<pb::PushSparseRequest, Status> {
+    let req = pb::PushSparseRequest::decode(header)
+        .map_err(|e| bad_header(format!("the PushSparse header does not decode: {e}")))?;
+    let values = req
+        .values
+        .as_ref()
+        .ok_or_else(|| bad_header("a PushSparse header needs its values".into()))?;
+    if !bulk::is_plain_f32(values) {
+        return Err(not_on_bulk_stream(
+            "the bulk stream carries uncompressed ENCODING_F32 pushes only; send other \
+             encodings through gRPC",
+        ));
+    }
+    let want = bulk::f32_payload_len(values).map_err(bad_header)?;
+    body_fits(head, header, want, max_request_bytes)?;
+    Ok(req)
+}
+
+/// Checks that a push's body is the `want` bytes its header calls for, and that the call is
+/// within the shard's request limit.
+fn body_fits(head: Head, header: &[u8], want: u64, max_request_bytes: usize) -> Result<(), Status> {
     if want != head.body_len {
         return Err(bad_header(format!(
-            "the slices hold {want} bytes of f32 values but the body is {} bytes",
+            "the header holds {want} bytes of f32 values but the body is {} bytes",
             head.body_len
         )));
     }
@@ -381,7 +487,7 @@ fn push_header(
             [("limit_bytes", max_request_bytes.to_string())],
         ));
     }
-    Ok(req)
+    Ok(())
 }
 
 /// A pull's header: plain f32, no body.

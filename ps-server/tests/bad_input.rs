@@ -197,6 +197,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
         ids: ids.clone(),
         values: Some(f32s(&[1.0; 6])),
         clock: None,
+        ..Default::default()
     })
     .await
     .unwrap();
@@ -239,6 +240,7 @@ async fn bad_requests_are_refused_and_change_nothing() {
         ids,
         values: Some(values),
         clock: None,
+        ..Default::default()
     };
     let mut short = f32s(&vec![1.0; chunk_len]);
     short.num_values += 1;
@@ -485,6 +487,7 @@ async fn skip_policy_drops_only_the_rows_with_nan() {
             ids: ids.clone(),
             values: Some(f32s(&[1.0, 1.0, f32::NAN, 1.0, 2.0, 2.0])),
             clock: None,
+            ..Default::default()
         })
         .await
         .unwrap()
@@ -527,6 +530,7 @@ async fn a_retried_push_is_acknowledged_but_applied_once() {
         ids: vec![ids[0]],
         values: Some(f32s(&[1.0, 2.0])),
         clock: None,
+        ..Default::default()
     };
     let first = c.push_sparse(push.clone()).await.unwrap().into_inner();
     let again = c.push_sparse(push.clone()).await.unwrap().into_inner();
@@ -664,6 +668,7 @@ async fn every_optimizer_runs_end_to_end_and_survives_a_restart() {
                 ids: vec![5],
                 values: Some(f32s(&[grads[step]])),
                 clock: None,
+                ..Default::default()
             })
             .await
             .unwrap();
@@ -936,6 +941,177 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
     shard.stop().await;
 }
 
+/// Sparse pushes on the bulk stream: the rows' values are the body, applied exactly as the
+/// same push through gRPC is (duplicate ids summed), once however often it is sent; bad
+/// input is refused with gRPC's code and reason, nothing applied, and the stream stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulk_stream_applies_sparse_pushes_as_grpc_does_and_refuses_bad_input() {
+    use ps_proto::bulk::PUSH_SPARSE;
+    let mut shard = start(1 << 20).await;
+    let c = &mut shard.client;
+    let info = c
+        .shard_info(pb::ShardInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    for name in ["by_bulk", "by_grpc"] {
+        c.create_table(pb::CreateTableRequest {
+            spec: Some(sparse_spec(name, 2, pb::NonFinitePolicy::Reject)),
+        })
+        .await
+        .unwrap();
+    }
+    // Ids shard 0 owns in both tables.
+    let theirs = owned_ids("by_grpc", 64);
+    let ids: Vec<u64> = owned_ids("by_bulk", 64)
+        .into_iter()
+        .filter(|i| theirs.contains(i))
+        .take(2)
+        .collect();
+    assert_eq!(ids.len(), 2);
+    let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", info.bulk_port as u16))
+        .await
+        .unwrap();
+    // A push whose header carries the ids and an empty payload, and whose body the values.
+    let header = |table: &str, push_id, ids: Vec<u64>, encoding: pb::Encoding, n: u64| {
+        pb::PushSparseRequest {
+            table: table.into(),
+            push_id,
+            ids,
+            values: Some(pb::Payload {
+                encoding: encoding as i32,
+                num_values: n,
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    };
+    let values =
+        |v: &[f32]| bytes::Bytes::from(v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+    let dup = vec![ids[0], ids[1], ids[0]];
+    let grad = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+    let good = header("by_bulk", push_id(), dup.clone(), pb::Encoding::F32, 6);
+    let (code, answer, _) = bulk_call(&mut sock, PUSH_SPARSE, &good, &[values(&grad)]).await;
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&answer));
+    let first: pb::PushResponse = prost::Message::decode(answer.as_slice()).unwrap();
+    assert_eq!((first.duplicate, first.applied_values), (false, 4));
+    let (code, answer, _) = bulk_call(&mut sock, PUSH_SPARSE, &good, &[values(&grad)]).await;
+    assert_eq!(code, 0);
+    let again: pb::PushResponse = prost::Message::decode(answer.as_slice()).unwrap();
+    assert!(again.duplicate);
+    c.push_sparse(pb::PushSparseRequest {
+        table: "by_grpc".into(),
+        push_id: push_id(),
+        ids: dup.clone(),
+        values: Some(f32s(&grad)),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    let rows = async |c: &mut ParameterServerClient<Channel>, table: &str| {
+        let r = c
+            .pull_sparse(pull_rows(table, ids.clone()))
+            .await
+            .unwrap()
+            .into_inner();
+        decode(&r.values.unwrap())
+    };
+    let before = rows(c, "by_bulk").await;
+    assert_eq!(before, [-6.0, -8.0, -3.0, -4.0]);
+    assert_eq!(before, rows(c, "by_grpc").await);
+
+    let bad = [
+        (
+            Code::NotFound,
+            "TABLE_NOT_FOUND",
+            "nope",
+            header("nope", push_id(), ids.clone(), pb::Encoding::F32, 4),
+            values(&[1.0; 4]),
+        ),
+        (
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "body",
+            header("by_bulk", push_id(), ids.clone(), pb::Encoding::F32, 4),
+            values(&[1.0; 3]),
+        ),
+        (
+            Code::InvalidArgument,
+            "NOT_ON_BULK_STREAM",
+            "through gRPC",
+            header("by_bulk", push_id(), ids.clone(), pb::Encoding::F16, 4),
+            values(&[1.0; 2]),
+        ),
+        (
+            Code::InvalidArgument,
+            "NON_FINITE",
+            "NaN",
+            header("by_bulk", push_id(), ids.clone(), pb::Encoding::F32, 4),
+            values(&[1.0, f32::NAN, 0.0, 0.0]),
+        ),
+        (
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "need 4 values",
+            header("by_bulk", push_id(), ids.clone(), pb::Encoding::F32, 6),
+            values(&[1.0; 6]),
+        ),
+        (
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "push_id",
+            header("by_bulk", None, ids.clone(), pb::Encoding::F32, 4),
+            values(&[1.0; 4]),
+        ),
+        (
+            Code::ResourceExhausted,
+            "REQUEST_TOO_LARGE",
+            "--max-request-bytes",
+            header(
+                "by_bulk",
+                push_id(),
+                vec![ids[0]; 1 << 17],
+                pb::Encoding::F32,
+                1 << 18,
+            ),
+            bytes::Bytes::from(vec![0u8; 1 << 20]),
+        ),
+    ];
+    for (code, reason, hint, req, body) in bad {
+        bulk_refused(
+            code,
+            reason,
+            hint,
+            bulk_call(&mut sock, PUSH_SPARSE, &req, &[body]).await,
+        );
+    }
+    // A header without values is no push.
+    let mut none = header("by_bulk", push_id(), ids.clone(), pb::Encoding::F32, 4);
+    none.values = None;
+    bulk_refused(
+        Code::InvalidArgument,
+        "INVALID_FIELD",
+        "needs its values",
+        bulk_call(&mut sock, PUSH_SPARSE, &none, &[]).await,
+    );
+    // Nothing changed, and the stream still carries pushes.
+    assert_eq!(rows(c, "by_bulk").await, before);
+    let once = header("by_bulk", push_id(), vec![ids[1]], pb::Encoding::F32, 2);
+    let (code, _, _) = bulk_call(&mut sock, PUSH_SPARSE, &once, &[values(&[1.0, 1.0])]).await;
+    assert_eq!(code, 0);
+    assert_eq!(rows(c, "by_bulk").await, [-6.0, -8.0, -4.0, -5.0]);
+    let stats = c
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Three applied (bulk, gRPC, bulk), one duplicate; every bulk call counted.
+    assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (3, 1));
+    assert_eq!(stats.bulk_calls, 11);
+    drop(sock);
+    shard.stop().await;
+}
+
 /// Reads a whole export; the status it ended in, when it failed.
 async fn export(
     c: &mut ParameterServerClient<Channel>,
@@ -977,6 +1153,7 @@ async fn an_export_streams_a_checkpoint_or_its_changes_and_refuses_bad_requests(
         ids,
         values: Some(f32s(values)),
         clock: None,
+        ..Default::default()
     };
     let checkpoint = |name: &str| pb::CheckpointRequest { name: name.into() };
     c.create_table(create.clone()).await.unwrap();
@@ -1068,6 +1245,7 @@ fn push_ones(table: &str, ids: Vec<u64>, push_id: Option<pb::PushId>) -> pb::Pus
         values: Some(f32s(&vec![1.0; ids.len() * 2])),
         ids,
         clock: None,
+        ..Default::default()
     }
 }
 

@@ -343,6 +343,7 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
         ids: vec![1, 1, 2],
         values: Some(ps_core::Payload::from_f32(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0]).into()),
         clock: None,
+        ..Default::default()
     };
     let mut raw = raw_client(&server.addr).await;
     assert!(
@@ -650,6 +651,7 @@ async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
         ids: retried.clone(),
         values: Some(ps_core::Payload::from_f32(&g).into()),
         clock: None,
+        ..Default::default()
     };
     let mut raw = raw_client(&server.addr).await;
     assert!(
@@ -772,6 +774,7 @@ async fn sparse_rows_written_back_through_a_small_log_train_exactly_through_kill
         ids,
         values: Some(ps_core::Payload::from_f32(&g).into()),
         clock: None,
+        ..Default::default()
     };
     let mut raw = raw_client(&server.addr).await;
     assert!(

@@ -380,5 +380,38 @@ async fn plain_dense_calls_take_the_bulk_stream_and_a_shard_without_one_is_serve
     bulk.set_table_codec("t", int8).unwrap();
     bulk.push_dense("t", &g1).await.unwrap();
     assert_eq!(bulk.stats().await.unwrap()[0].bulk_calls, end[0].bulk_calls);
+
+    // Sparse pushes of plain f32 rows take it too, to the shard that has one; the rows come
+    // out as the gRPC client's pushes leave them.
+    let rows = TableSpec::sparse("e", 4)
+        .unwrap()
+        .with_optimizer(Optimizer::sgd(1.0))
+        .unwrap();
+    bulk.create_table(rows).await.unwrap();
+    let ids: Vec<u64> = (0..300).chain(0..50).collect();
+    let g: Vec<f32> = (0..ids.len() * 4).map(|i| (i % 31) as f32).collect();
+    let before = bulk.stats().await.unwrap();
+    bulk.push_sparse("e", &ids, &g).await.unwrap();
+    let after = bulk.stats().await.unwrap();
+    assert_eq!(after[0].bulk_calls, before[0].bulk_calls + 1);
+    assert_eq!(after[1].bulk_calls, 0);
+    assert_eq!(
+        after.iter().map(|s| s.pushes_applied).sum::<u64>(),
+        before.iter().map(|s| s.pushes_applied).sum::<u64>() + 2,
+        "both shards applied their rows"
+    );
+    grpc.push_sparse("e", &ids, &g).await.unwrap();
+    assert_eq!(
+        bulk.stats().await.unwrap()[0].bulk_calls,
+        after[0].bulk_calls
+    );
+    let mut want = vec![0.0f32; 300 * 4];
+    for (k, &id) in ids.iter().enumerate() {
+        for j in 0..4 {
+            want[id as usize * 4 + j] -= 2.0 * g[k * 4 + j];
+        }
+    }
+    let distinct: Vec<u64> = (0..300).collect();
+    assert_eq!(grpc.pull_sparse("e", &distinct).await.unwrap(), want);
     cluster.stop().await;
 }

@@ -186,6 +186,7 @@ async fn each_encoding_is_applied_as_its_decoded_values() {
             ids: ids.clone(),
             values: Some(Payload::from(e).into()),
             clock: None,
+            ..Default::default()
         })
         .await
         .unwrap_or_else(|s| panic!("sparse {codec}: {s}"));

@@ -379,10 +379,10 @@ async fn bulk_case(addr: std::net::SocketAddr, pool: &DescriptorPool, case: &Val
             let header = match (text(case, "header_hex"), case.get("header")) {
                 (Some(hex), _) => from_hex(hex),
                 (None, h) => {
-                    let type_name = if kind == bulk::PULL_DENSE {
-                        "ps.v1.PullDenseRequest"
-                    } else {
-                        "ps.v1.PushDenseRequest"
+                    let type_name = match kind {
+                        bulk::PULL_DENSE => "ps.v1.PullDenseRequest",
+                        bulk::PUSH_SPARSE => "ps.v1.PushSparseRequest",
+                        _ => "ps.v1.PushDenseRequest",
                     };
                     json_message(pool, type_name, h)
                 }

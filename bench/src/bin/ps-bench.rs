@@ -51,7 +51,7 @@ struct Args {
     /// The shards' dense-log size in MiB (the server's `dense_log_mib`; its default if unset).
     #[arg(long)]
     dense_log_mib: Option<u64>,
-    /// Dense pushes and pulls through gRPC only, not the shards' bulk stream.
+    /// Pushes and pulls through gRPC only, not the shards' bulk stream.
     #[arg(long)]
     grpc_only: bool,
     /// Mutual TLS on every connection, with the certificates `scripts/dev-certs.sh DIR` made
@@ -996,9 +996,10 @@ const ROW_BYTES: u64 = 64 * 4 * 2 + 64;
 /// The store cases: update rate with the hot set cached and with a cache a tenth of the
 /// table, on a shard process; then the time to serve after kill -9 by rows stored.
 async fn store_cases(args: &Args) -> anyhow::Result<()> {
+    // Sparse pushes of plain f32 take the shard's bulk stream, unless `--grpc-only`.
     let transport = Transport {
         request_kib: args.request_kib,
-        bulk: false,
+        bulk: !args.grpc_only,
         tls: None,
     };
     let seconds = args.seconds.max(3.0);

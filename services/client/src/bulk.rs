@@ -1,5 +1,5 @@
 //! The client side of a shard's bulk stream (`ps_proto::bulk`): plain-f32 dense pushes and
-//! pulls over raw TCP connections, one call per connection at a time, connections kept for
+//! pulls and sparse pushes over raw TCP connections, one call per connection at a time, connections kept for
 //! the next call. A pull's values are read from the socket straight into the caller's tensor.
 //!
 //! Failures read as gRPC's do, so the caller's retry and exactly-once logic stays the same: a
@@ -50,6 +50,9 @@ pub(crate) struct BulkPool {
     retry_at: Mutex<Option<Instant>>,
     /// A connect failed: the shard should be asked for its port again.
     wants_port: AtomicBool,
+    /// The shard answered a bulk sparse push `unimplemented` (it is older than them): sparse
+    /// pushes go through gRPC.
+    no_sparse: AtomicBool,
 }
 
 /// A destination of pulled values: one chunk's place in the caller's tensor.
@@ -73,6 +76,7 @@ impl BulkPool {
             idle: Mutex::new(Vec::new()),
             retry_at: Mutex::new(None),
             wants_port: AtomicBool::new(port.is_none()),
+            no_sparse: AtomicBool::new(false),
         })
     }
 
@@ -145,8 +149,47 @@ impl BulkPool {
         let span = trace::client_span(bulk::PUSH_DENSE_PATH, &self.addr());
         req.trace_context = trace::context_map(&span);
         req.authorization = self.authorization();
+        self.push(bulk::PUSH_DENSE, &req.encode_to_vec(), body, span)
+            .await
+    }
+
+    /// Pushes `req`, whose values (plain f32) are left out: `body` holds them. `Ok(None)`: no
+    /// connection could be made, or the shard is older than bulk sparse pushes; send it
+    /// through gRPC.
+    pub(crate) async fn push_sparse(
+        &self,
+        mut req: pb::PushSparseRequest,
+        body: &[u8],
+    ) -> Result<Option<pb::PushResponse>, Status> {
+        if self.no_sparse.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let span = trace::client_span(bulk::PUSH_SPARSE_PATH, &self.addr());
+        req.trace_context = trace::context_map(&span);
+        req.authorization = self.authorization();
+        match self
+            .push(bulk::PUSH_SPARSE, &req.encode_to_vec(), &[body], span)
+            .await
+        {
+            // A shard that does not know the method applied nothing.
+            Err(s) if s.code() == Code::Unimplemented => {
+                self.no_sparse.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            answer => answer,
+        }
+    }
+
+    /// One push call of `kind` under `span`: its encoded header, then `body`.
+    async fn push(
+        &self,
+        kind: u32,
+        header: &[u8],
+        body: &[&[u8]],
+        span: tracing::Span,
+    ) -> Result<Option<pb::PushResponse>, Status> {
         let answer = self
-            .push_dense_untraced(req, body)
+            .push_untraced(kind, header, body)
             .instrument(span.clone())
             .await;
         trace::record_status(
@@ -156,9 +199,10 @@ impl BulkPool {
         answer
     }
 
-    async fn push_dense_untraced(
+    async fn push_untraced(
         &self,
-        req: pb::PushDenseRequest,
+        kind: u32,
+        header: &[u8],
         body: &[&[u8]],
     ) -> Result<Option<pb::PushResponse>, Status> {
         let Some(mut s) = self.stream().await else {
@@ -166,8 +210,7 @@ impl BulkPool {
         };
         let answer = self
             .timed(async {
-                bulk::write_frame_parts(&mut s, bulk::PUSH_DENSE, &req.encode_to_vec(), body)
-                    .await?;
+                bulk::write_frame_parts(&mut s, kind, header, body).await?;
                 let (body_len, answer) = read_answer(&mut s).await?;
                 if body_len != 0 {
                     return Err(protocol("a push answer with a body"));

@@ -36,8 +36,9 @@ pub struct ClientConfig {
     /// Emulate a network link of this many megabits per second (each direction) for every
     /// request to and answer from the shards; see [`Link`]. `None`: the real network only.
     pub link_mbps: Option<f64>,
-    /// Send plain-f32 dense pushes and pulls over the shards' bulk streams (raw TCP, no HTTP/2
-    /// framing) where a shard offers one; everything else goes through gRPC either way. Off
+    /// Send plain-f32 dense pushes and pulls and sparse pushes over the shards' bulk streams
+    /// (raw TCP, no HTTP/2 framing) where a shard offers one; everything else goes through
+    /// gRPC either way. Off
     /// with an emulated link, whose emulation is on the gRPC channel.
     pub bulk: bool,
     /// TLS and the bearer token for every connection to the shards (plaintext, none: default).

@@ -99,8 +99,28 @@ impl PsClient {
                     ids,
                     values: Some(values),
                     clock,
+                    ..Default::default()
                 };
                 async move {
+                    // Plain f32 rows go by the shard's bulk stream where it has one: the
+                    // values after the header as they are, no HTTP/2 frames around them.
+                    if req
+                        .values
+                        .as_ref()
+                        .is_some_and(ps_proto::bulk::is_plain_f32)
+                        && let Some(bulk) = s.bulk()
+                    {
+                        let mut header = req.clone();
+                        let body = header
+                            .values
+                            .as_mut()
+                            .map(|v| std::mem::take(&mut v.data))
+                            .unwrap_or_default();
+                        if let Some(answer) = bulk.push_sparse(header, &body).await? {
+                            return Ok(answer);
+                        }
+                        s.rediscover_bulk().await;
+                    }
                     s.grpc
                         .push_sparse(req)
                         .await

@@ -44,6 +44,14 @@ fuzz_target!(|data: &[u8]| {
                 let _ = ps_core::PullDense::try_from(req);
             }
         }
+        bulk::PUSH_SPARSE => {
+            if let Ok(req) = pb::PushSparseRequest::decode(&header[..]) {
+                if let Some(len) = req.values.as_ref().map(bulk::f32_payload_len) {
+                    let _ = len == Ok(head.body_len);
+                }
+                let _ = ps_core::PushSparse::try_from(req);
+            }
+        }
         _ => {}
     }
 });
