@@ -333,20 +333,31 @@ class PullDenseResponse(_message.Message):
     def __init__(self, slices: _Optional[_Iterable[_Union[DenseSlice, _Mapping]]] = ..., is_delta: _Optional[_Iterable[bool]] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table", "push_id", "map_epoch", "ids", "values", "clock")
+    __slots__ = ("table", "push_id", "map_epoch", "ids", "values", "clock", "trace_context", "authorization")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TABLE_FIELD_NUMBER: _ClassVar[int]
     PUSH_ID_FIELD_NUMBER: _ClassVar[int]
     MAP_EPOCH_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     VALUES_FIELD_NUMBER: _ClassVar[int]
     CLOCK_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
     table: str
     push_id: PushId
     map_epoch: int
     ids: _containers.RepeatedScalarFieldContainer[int]
     values: Payload
     clock: int
-    def __init__(self, table: _Optional[str] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., map_epoch: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Payload, _Mapping]] = ..., clock: _Optional[int] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    authorization: str
+    def __init__(self, table: _Optional[str] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., map_epoch: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Payload, _Mapping]] = ..., clock: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., authorization: _Optional[str] = ...) -> None: ...
 
 class PullSparseRequest(_message.Message):
     __slots__ = ("table", "ids", "accept", "map_epoch")
