@@ -939,8 +939,13 @@ async fn a_jobs_quota_bounds_its_tables_and_bytes_and_no_other_jobs() {
         .with_optimizer(Optimizer::sgd(0.1))
         .unwrap();
     ps.create_table(sparse).await.unwrap();
+    // Sent as one request, which the quota refuses whole (a push the client splits into
+    // several requests is refused or applied request by request).
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.max_request_bytes = 4 << 20;
+    let whole = PsClient::connect(cfg).await.unwrap();
     let ids: Vec<u64> = (0..10_000).collect();
-    let e = ps
+    let e = whole
         .push_sparse("c/emb", &ids, &vec![0.1; 10_000 * 64])
         .await
         .unwrap_err();
