@@ -1,7 +1,7 @@
 //! Framing of the bulk stream, the shard's second listener for large plain-f32 dense pushes and
-//! pulls and sparse pushes (described with `ShardInfoResponse.bulk_port` in `ps.proto`): a fixed 20-byte head, a
-//! protobuf header, then the payload bytes themselves. The values cross once, as they are, with
-//! no HTTP/2 frames around them and no protobuf encoding of them.
+//! pulls and sparse pushes (described with `ShardInfoResponse.bulk_port` in `ps.proto`): a
+//! fixed 20-byte head, a protobuf header, then the payload bytes themselves. The values cross
+//! once, as they are, with no HTTP/2 frames around them and no protobuf encoding of them.
 //!
 //! The shard's handler and the client's caller both live next to their gRPC twins; this module
 //! holds only what both sides must agree on.

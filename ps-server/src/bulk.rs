@@ -1,9 +1,10 @@
 //! The bulk stream's server: plain-f32 `PushDense`, `PullDense` and `PushSparse` over a raw
 //! TCP stream (the framing is `ps_proto::bulk`, described in `ps.proto`). Each call is decoded
-//! into the same wire request the gRPC edge receives and handed to the same [`PsService`] method, so
-//! validation, exactly-once, metrics and errors are the gRPC path's; only the transport
-//! differs. A pushed body is read once from the socket into the buffer the engine logs and
-//! applies from; a pulled answer is written from the engine's buffers straight to the socket.
+//! into the same wire request the gRPC edge receives and handed to the same [`PsService`]
+//! method, so validation, exactly-once, metrics and errors are the gRPC path's; only the
+//! transport differs. A pushed body is read once from the socket into the buffer the engine
+//! logs and applies from; a pulled answer is written from the engine's buffers straight to the
+//! socket.
 
 use std::collections::HashMap;
 use std::io;
@@ -432,10 +433,7 @@ fn push_header(
         .iter()
         .any(|s| s.values.as_ref().is_some_and(|v| !bulk::is_plain_f32(v)))
     {
-        return Err(not_on_bulk_stream(
-            "the bulk stream carries uncompressed ENCODING_F32 pushes only; send other \
-             encodings through gRPC",
-        ));
+        return Err(not_plain_push());
     }
     let want = bulk::f32_body_len(&req.slices).map_err(bad_header)?;
     body_fits(head, header, want, max_request_bytes)?;
@@ -456,10 +454,7 @@ fn sparse_push_header(
         .as_ref()
         .ok_or_else(|| bad_header("a PushSparse header needs its values".into()))?;
     if !bulk::is_plain_f32(values) {
-        return Err(not_on_bulk_stream(
-            "the bulk stream carries uncompressed ENCODING_F32 pushes only; send other \
-             encodings through gRPC",
-        ));
+        return Err(not_plain_push());
     }
     let want = bulk::f32_payload_len(values).map_err(bad_header)?;
     body_fits(head, header, want, max_request_bytes)?;
@@ -514,6 +509,14 @@ fn not_on_bulk_stream(message: &str) -> Status {
         reason::NOT_ON_BULK_STREAM,
         message,
         [],
+    )
+}
+
+/// A push whose values are not what the bulk stream carries.
+fn not_plain_push() -> Status {
+    not_on_bulk_stream(
+        "the bulk stream carries uncompressed ENCODING_F32 pushes only; send other encodings \
+         through gRPC",
     )
 }
 

@@ -1,6 +1,7 @@
 //! The client side of a shard's bulk stream (`ps_proto::bulk`): plain-f32 dense pushes and
-//! pulls and sparse pushes over raw TCP connections, one call per connection at a time, connections kept for
-//! the next call. A pull's values are read from the socket straight into the caller's tensor.
+//! pulls and sparse pushes over raw TCP connections, one call per connection at a time,
+//! connections kept for the next call. A pull's values are read from the socket straight into
+//! the caller's tensor.
 //!
 //! Failures read as gRPC's do, so the caller's retry and exactly-once logic stays the same: a
 //! shard's refusal is its status; a connection that breaks under a call is `unavailable` (a
