@@ -154,12 +154,12 @@ impl BulkPool {
             .await
     }
 
-    /// Pushes `req`, whose values (plain f32) are left out: `body` holds them. `Ok(None)`: no
-    /// connection could be made, or the shard is older than bulk sparse pushes; send it
-    /// through gRPC.
+    /// Pushes `req`, whose values (plain f32) are left out: `body` holds them. `req` is left
+    /// as it came, for gRPC. `Ok(None)`: no connection could be made, or the shard is older
+    /// than bulk sparse pushes; send it through gRPC.
     pub(crate) async fn push_sparse(
         &self,
-        mut req: pb::PushSparseRequest,
+        req: &mut pb::PushSparseRequest,
         body: &[u8],
     ) -> Result<Option<pb::PushResponse>, Status> {
         if self.no_sparse.load(Ordering::Relaxed) {
@@ -168,10 +168,11 @@ impl BulkPool {
         let span = trace::client_span(bulk::PUSH_SPARSE_PATH, &self.addr());
         req.trace_context = trace::context_map(&span);
         req.authorization = self.authorization();
-        match self
-            .push(bulk::PUSH_SPARSE, &req.encode_to_vec(), &[body], span)
-            .await
-        {
+        let header = req.encode_to_vec();
+        // Credentials and trace context travel in the bulk header only (gRPC: metadata).
+        req.trace_context.clear();
+        req.authorization.clear();
+        match self.push(bulk::PUSH_SPARSE, &header, &[body], span).await {
             // A shard that does not know the method applied nothing.
             Err(s) if s.code() == Code::Unimplemented => {
                 self.no_sparse.store(true, Ordering::Relaxed);

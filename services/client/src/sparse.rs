@@ -92,7 +92,7 @@ impl PsClient {
         let results = self
             .inner
             .push_each(calls, |mut s, (ids, values), push_id, map_epoch| {
-                let req = pb::PushSparseRequest {
+                let mut req = pb::PushSparseRequest {
                     table: table.clone(),
                     push_id: Some(push_id),
                     map_epoch,
@@ -110,13 +110,18 @@ impl PsClient {
                         .is_some_and(ps_proto::bulk::is_plain_f32)
                         && let Some(bulk) = s.bulk()
                     {
-                        let mut header = req.clone();
-                        let body = header
+                        // The values leave the request for the body and come back for a
+                        // fallback to gRPC: nothing is copied.
+                        let body = req
                             .values
                             .as_mut()
                             .map(|v| std::mem::take(&mut v.data))
                             .unwrap_or_default();
-                        if let Some(answer) = bulk.push_sparse(header, &body).await? {
+                        let sent = bulk.push_sparse(&mut req, &body).await;
+                        if let Some(v) = req.values.as_mut() {
+                            v.data = body;
+                        }
+                        if let Some(answer) = sent? {
                             return Ok(answer);
                         }
                         s.rediscover_bulk().await;
