@@ -51,6 +51,11 @@ struct Args {
     /// The shards' dense-log size in MiB (the server's `dense_log_mib`; its default if unset).
     #[arg(long)]
     dense_log_mib: Option<u64>,
+    /// A RocksDB tunable of every `ps-server` process the run starts, as the `[rocksdb]`
+    /// table of its config file takes it (`level0_compaction_trigger=32`; repeatable): to
+    /// measure a setting without a build of its own.
+    #[arg(long = "rocksdb", value_name = "KEY=VALUE")]
+    rocksdb: Vec<String>,
     /// Pushes and pulls through gRPC only, not the shards' bulk stream.
     #[arg(long)]
     grpc_only: bool,
@@ -203,6 +208,8 @@ struct Shards<'a> {
     sync: bool,
     dense_log_mib: Option<u64>,
     tls_dir: Option<&'a std::path::Path>,
+    /// `--rocksdb`'s settings (processes only).
+    rocksdb: &'a [String],
     /// `ps-server` processes of this build, as deployed (the default); otherwise servers on a
     /// runtime of their own inside this process (`--in-process`).
     processes: bool,
@@ -261,9 +268,9 @@ impl Cluster {
                     args.push(d.join(file).display().to_string());
                 }
             }
-            if let Some(mib) = s.dense_log_mib {
+            if let Some(toml) = rocksdb_config(s.dense_log_mib, s.rocksdb)? {
                 let file = dir.path().join(format!("s{i}.toml"));
-                std::fs::write(&file, format!("[rocksdb]\ndense_log_mib = {mib}\n"))?;
+                std::fs::write(&file, toml)?;
                 args.push("--config".into());
                 args.push(file.display().to_string());
             }
@@ -723,6 +730,7 @@ fn flood(client_rt: &tokio::runtime::Runtime, limit: u32, seconds: f64) -> anyho
             sync: false,
             dense_log_mib: None,
             tls_dir: None,
+            rocksdb: &[],
             processes: false,
         };
         let cluster = Cluster::start_with(shards, Some(auth));
@@ -743,6 +751,10 @@ fn main() -> anyhow::Result<()> {
     // The clients' heap as a worker's (the shards set theirs).
     ps_runtime::heap::keep_large_buffers();
     let args = Args::parse();
+    anyhow::ensure!(
+        args.rocksdb.is_empty() || !args.in_process,
+        "--rocksdb sets ps-server processes' config files: not with --in-process"
+    );
     if let Some(limit) = args.flood {
         let client_rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -826,6 +838,7 @@ fn main() -> anyhow::Result<()> {
         sync,
         dense_log_mib: args.dense_log_mib,
         tls_dir,
+        rocksdb: &args.rocksdb,
         processes: !args.in_process,
     };
     let shards_in = if args.in_process {
@@ -917,6 +930,25 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The `[rocksdb]` table of a shard's config file: `dense_log_mib` and `--rocksdb`'s settings
+/// (none: no file).
+fn rocksdb_config(
+    dense_log_mib: Option<u64>,
+    settings: &[String],
+) -> anyhow::Result<Option<String>> {
+    let mut lines: Vec<String> = dense_log_mib
+        .map(|mib| format!("dense_log_mib = {mib}"))
+        .into_iter()
+        .collect();
+    for s in settings {
+        let (key, value) = s
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--rocksdb {s}: not KEY=VALUE"))?;
+        lines.push(format!("{} = {}", key.trim(), value.trim()));
+    }
+    Ok((!lines.is_empty()).then(|| format!("[rocksdb]\n{}\n", lines.join("\n"))))
+}
+
 /// A ps-server process of this build (the binary beside this one) on `data`.
 struct ShardProcess {
     svc: ps_launch::Service,
@@ -924,18 +956,25 @@ struct ShardProcess {
 }
 
 impl ShardProcess {
-    /// A durable shard with a row cache of `cache_mib` and no bulk stream (the store cases).
-    async fn start(data: &std::path::Path, cache_mib: u64) -> anyhow::Result<Self> {
-        let args: Vec<String> = [
+    /// A durable shard with a row cache of `cache_mib` (the store cases), with `config` (its
+    /// `[rocksdb]` settings) when given.
+    async fn start(
+        data: &std::path::Path,
+        cache_mib: u64,
+        config: Option<&std::path::Path>,
+    ) -> anyhow::Result<Self> {
+        let mut args: Vec<String> = [
             "--data-dir",
             &data.display().to_string(),
             "--cache-mib",
             &cache_mib.to_string(),
-            "--bulk-listen",
-            "off",
         ]
         .map(str::to_owned)
         .into();
+        if let Some(config) = config {
+            args.push("--config".to_owned());
+            args.push(config.display().to_string());
+        }
         Self::spawn(data, &args).await
     }
 
@@ -1004,9 +1043,18 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     };
     let seconds = args.seconds.max(3.0);
     let dir = tempfile::tempdir()?;
+    let config = match rocksdb_config(args.dense_log_mib, &args.rocksdb)? {
+        Some(toml) => {
+            let file = dir.path().join("shard.toml");
+            std::fs::write(&file, toml)?;
+            Some(file)
+        }
+        None => None,
+    };
+    let config = config.as_deref();
     if args.only_restart {
         for &rows in args.restart_rows.iter().filter(|&&r| r > 0) {
-            restart_case(dir.path(), rows, &transport).await?;
+            restart_case(dir.path(), rows, &transport, config).await?;
         }
         return Ok(());
     }
@@ -1014,7 +1062,7 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     // few million distinct ids in a run of seconds).
     let big = args.cache_mib.unwrap_or(4096);
     let data = dir.path().join("zipf");
-    let shard = ShardProcess::start(&data, big).await?;
+    let shard = ShardProcess::start(&data, big, config).await?;
     let endpoints = [shard.endpoint.clone()];
     // The first run fills the table; the second is timed with the hot set in the cache.
     sparse_case(&endpoints, seconds, &transport, args.keys).await?;
@@ -1047,7 +1095,7 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
         () = killing => {}
     }
     let t0 = Instant::now();
-    let shard = ShardProcess::start(&data, big).await?;
+    let shard = ShardProcess::start(&data, big, config).await?;
     let ps = PsClient::connect(client_config(
         std::slice::from_ref(&shard.endpoint),
         &transport,
@@ -1062,15 +1110,8 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     drop(ps);
     shard.svc.stop(std::time::Duration::from_secs(60)).await;
     // The same runs on an in-memory shard (no store, no log): the ceiling of the durable rate.
-    let memory = ShardProcess::spawn(
-        &dir.path().join("memory"),
-        &[
-            "--in-memory".to_owned(),
-            "--bulk-listen".to_owned(),
-            "off".to_owned(),
-        ],
-    )
-    .await?;
+    let memory =
+        ShardProcess::spawn(&dir.path().join("memory"), &["--in-memory".to_owned()]).await?;
     let mem_endpoints = [memory.endpoint.clone()];
     sparse_case(&mem_endpoints, seconds, &transport, args.keys).await?;
     let (cpu0, t0) = (memory.svc.cpu_seconds()?, Instant::now());
@@ -1086,7 +1127,7 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     memory.svc.stop(std::time::Duration::from_secs(60)).await;
     // The same table with a cache a tenth of its size.
     let small = ((rows * ROW_BYTES / 10) >> 20).max(1);
-    let shard = ShardProcess::start(&data, small).await?;
+    let shard = ShardProcess::start(&data, small, config).await?;
     let endpoints = [shard.endpoint.clone()];
     // Warms the cache (rows come back from the store), then timed.
     sparse_case(&endpoints, seconds, &transport, args.keys).await?;
@@ -1110,7 +1151,7 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     // The hot-set run again on a table that evicts: the cost of stamping rows with their last
     // push (TTL of a day, nothing expires) and of a cap the run keeps passing.
     let data = dir.path().join("zipf-evict");
-    let shard = ShardProcess::start(&data, big).await?;
+    let shard = ShardProcess::start(&data, big, config).await?;
     let endpoints = [shard.endpoint.clone()];
     let spec = sparse_table(86_400, args.evict_cap)?;
     sparse_case_on(&endpoints, seconds, &transport, args.keys, spec.clone()).await?;
@@ -1130,7 +1171,7 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     drop(ps);
     drop(shard);
     for &rows in args.restart_rows.iter().filter(|&&r| r > 0) {
-        restart_case(dir.path(), rows, &transport).await?;
+        restart_case(dir.path(), rows, &transport, config).await?;
     }
     Ok(())
 }
@@ -1138,9 +1179,14 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
 /// Stores `rows` rows (dim 64, Adagrad) in a fresh shard process, kills it (-9) right after
 /// the last acknowledged push, and times a new process on the same data until it answers a
 /// pull of rows it stored.
-async fn restart_case(root: &std::path::Path, rows: u64, t: &Transport) -> anyhow::Result<()> {
+async fn restart_case(
+    root: &std::path::Path,
+    rows: u64,
+    t: &Transport,
+    config: Option<&std::path::Path>,
+) -> anyhow::Result<()> {
     let data = root.join(format!("restart-{rows}"));
-    let mut shard = ShardProcess::start(&data, 256).await?;
+    let mut shard = ShardProcess::start(&data, 256, config).await?;
     let endpoints = [shard.endpoint.clone()];
     let ps = PsClient::connect(client_config(&endpoints, t)).await?;
     ps.create_table(TableSpec::sparse("bench/rows", 64)?.with_optimizer(Optimizer::adagrad(0.05))?)
@@ -1170,7 +1216,7 @@ async fn restart_case(root: &std::path::Path, rows: u64, t: &Transport) -> anyho
     shard.svc.kill();
     let probe: Vec<u64> = (0..1000).map(|k| k * 7919 % rows).collect();
     let t0 = Instant::now();
-    let shard = ShardProcess::start(&data, 256).await?;
+    let shard = ShardProcess::start(&data, 256, config).await?;
     let ready_s = t0.elapsed().as_secs_f64();
     let ps = PsClient::connect(client_config(std::slice::from_ref(&shard.endpoint), t)).await?;
     let got = ps.pull_sparse("bench/rows", &probe).await?;
