@@ -755,6 +755,7 @@ fn main() -> anyhow::Result<()> {
         args.rocksdb.is_empty() || !args.in_process,
         "--rocksdb sets ps-server processes' config files: not with --in-process"
     );
+    rocksdb_config(None, &args.rocksdb)?;
     if let Some(limit) = args.flood {
         let client_rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
