@@ -268,12 +268,10 @@ impl Cluster {
                     args.push(d.join(file).display().to_string());
                 }
             }
-            if let Some(toml) = rocksdb_config(s.dense_log_mib, s.rocksdb)? {
-                let file = dir.path().join(format!("s{i}.toml"));
-                std::fs::write(&file, toml)?;
-                args.push("--config".into());
-                args.push(file.display().to_string());
-            }
+            args.extend(config_args(
+                &dir.path().join(format!("s{i}.toml")),
+                rocksdb_config(s.dense_log_mib, s.rocksdb)?,
+            )?);
             shards.push(ShardProcess::spawn(&data, &args).await?);
         }
         Ok(Self {
@@ -950,6 +948,15 @@ fn rocksdb_config(
     Ok((!lines.is_empty()).then(|| format!("[rocksdb]\n{}\n", lines.join("\n"))))
 }
 
+/// `ps-server`'s arguments for the config file `toml`, written at `file` (none: no arguments).
+fn config_args(file: &std::path::Path, toml: Option<String>) -> anyhow::Result<Vec<String>> {
+    let Some(toml) = toml else {
+        return Ok(Vec::new());
+    };
+    std::fs::write(file, toml)?;
+    Ok(vec!["--config".to_owned(), file.display().to_string()])
+}
+
 /// A ps-server process of this build (the binary beside this one) on `data`.
 struct ShardProcess {
     svc: ps_launch::Service,
@@ -957,12 +964,12 @@ struct ShardProcess {
 }
 
 impl ShardProcess {
-    /// A durable shard with a row cache of `cache_mib` (the store cases), with `config` (its
-    /// `[rocksdb]` settings) when given.
+    /// A durable shard with a row cache of `cache_mib` (the store cases) and `config`'s
+    /// arguments ([`config_args`]).
     async fn start(
         data: &std::path::Path,
         cache_mib: u64,
-        config: Option<&std::path::Path>,
+        config: &[String],
     ) -> anyhow::Result<Self> {
         let mut args: Vec<String> = [
             "--data-dir",
@@ -972,10 +979,7 @@ impl ShardProcess {
         ]
         .map(str::to_owned)
         .into();
-        if let Some(config) = config {
-            args.push("--config".to_owned());
-            args.push(config.display().to_string());
-        }
+        args.extend_from_slice(config);
         Self::spawn(data, &args).await
     }
 
@@ -1044,15 +1048,11 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     };
     let seconds = args.seconds.max(3.0);
     let dir = tempfile::tempdir()?;
-    let config = match rocksdb_config(args.dense_log_mib, &args.rocksdb)? {
-        Some(toml) => {
-            let file = dir.path().join("shard.toml");
-            std::fs::write(&file, toml)?;
-            Some(file)
-        }
-        None => None,
-    };
-    let config = config.as_deref();
+    let config = config_args(
+        &dir.path().join("shard.toml"),
+        rocksdb_config(args.dense_log_mib, &args.rocksdb)?,
+    )?;
+    let config = config.as_slice();
     if args.only_restart {
         for &rows in args.restart_rows.iter().filter(|&&r| r > 0) {
             restart_case(dir.path(), rows, &transport, config).await?;
@@ -1184,7 +1184,7 @@ async fn restart_case(
     root: &std::path::Path,
     rows: u64,
     t: &Transport,
-    config: Option<&std::path::Path>,
+    config: &[String],
 ) -> anyhow::Result<()> {
     let data = root.join(format!("restart-{rows}"));
     let mut shard = ShardProcess::start(&data, 256, config).await?;
