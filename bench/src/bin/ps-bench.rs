@@ -753,6 +753,7 @@ fn main() -> anyhow::Result<()> {
         args.rocksdb.is_empty() || !args.in_process,
         "--rocksdb sets ps-server processes' config files: not with --in-process"
     );
+    // A malformed setting is refused here, before the limits and cases take their minutes.
     rocksdb_config(None, &args.rocksdb)?;
     if let Some(limit) = args.flood {
         let client_rt = tokio::runtime::Builder::new_multi_thread()
