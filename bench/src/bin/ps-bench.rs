@@ -944,9 +944,23 @@ fn rocksdb_config(
         let (key, value) = s
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("--rocksdb {s}: not KEY=VALUE"))?;
-        lines.push(format!("{} = {}", key.trim(), value.trim()));
+        lines.push(format!("{} = {}", key.trim(), toml_value(value.trim())));
     }
     Ok((!lines.is_empty()).then(|| format!("[rocksdb]\n{}\n", lines.join("\n"))))
+}
+
+/// `value` as a TOML value: a number, a boolean or a quoted string as it is; a bare word
+/// (`compaction=universal`) quoted.
+fn toml_value(value: &str) -> String {
+    let literal = value.parse::<f64>().is_ok()
+        || value == "true"
+        || value == "false"
+        || (value.len() >= 2 && value.starts_with('"') && value.ends_with('"'));
+    if literal {
+        value.to_owned()
+    } else {
+        format!("{value:?}")
+    }
 }
 
 /// `ps-server`'s arguments for the config file `toml`, written at `file` (none: no arguments).
