@@ -1082,16 +1082,27 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     let endpoints = [shard.endpoint.clone()];
     // The first run fills the table; the second is timed with the hot set in the cache.
     sparse_case(&endpoints, seconds, &transport, args.keys).await?;
-    let (cpu0, t0) = (shard.svc.cpu_seconds()?, Instant::now());
+    let threads = |svc: &ps_launch::Service| -> anyhow::Result<[f64; 2]> {
+        Ok([
+            svc.threads_cpu_seconds("ps-writer")?,
+            svc.threads_cpu_seconds("rocksdb:")?,
+        ])
+    };
+    let (cpu0, threads0, t0) = (shard.svc.cpu_seconds()?, threads(&shard.svc)?, Instant::now());
     let (keys, unique, per_write) = sparse_case(&endpoints, seconds, &transport, args.keys).await?;
     // Key updates per second of the shard's CPU (all its threads: gRPC, writer, RocksDB's).
     let cpu = shard.svc.cpu_seconds()? - cpu0;
+    // Its writer thread's share, and RocksDB's flushes and compactions'.
+    let [writer_cpu, rocksdb_cpu] = {
+        let [w, r] = threads(&shard.svc)?;
+        [w - threads0[0], r - threads0[1]]
+    };
     let per_core = keys * t0.elapsed().as_secs_f64() / cpu.max(0.01);
     let ps = PsClient::connect(client_config(&endpoints, &transport)).await?;
     let stats = ps.stats().await?.remove(0);
     let rows = stats.tables.iter().map(|t| t.rows).sum::<u64>();
     println!(
-        "{{\"case\":\"store_sparse_adagrad_dim64\",\"keys\":{},\"cache\":\"hot set\",\"cache_mib\":{big},\"rows\":{rows},\"key_updates_per_s\":{keys:.0},\"shard_cpu_s\":{cpu:.2},\"key_updates_per_shard_cpu_s\":{per_core:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2},\"hit_ratio\":{:.3},\"rss_mib\":{}}}",
+        "{{\"case\":\"store_sparse_adagrad_dim64\",\"keys\":{},\"cache\":\"hot set\",\"cache_mib\":{big},\"rows\":{rows},\"key_updates_per_s\":{keys:.0},\"shard_cpu_s\":{cpu:.2},\"writer_cpu_s\":{writer_cpu:.2},\"rocksdb_cpu_s\":{rocksdb_cpu:.2},\"key_updates_per_shard_cpu_s\":{per_core:.0},\"unique_row_updates_per_s\":{unique:.0},\"pushes_per_write\":{per_write:.2},\"hit_ratio\":{:.3},\"rss_mib\":{}}}",
         args.keys,
         stats.cache_hits as f64 / (stats.cache_hits + stats.cache_misses).max(1) as f64,
         shard.rss() >> 20

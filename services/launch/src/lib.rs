@@ -128,19 +128,26 @@ impl Service {
 
     /// User + system CPU seconds the child has used so far (Linux: `/proc/<pid>/stat`).
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.id()))?;
-        let after = stat
-            .rsplit_once(')')
-            .ok_or_else(|| anyhow::anyhow!("/proc/{}/stat: no command field", self.id()))?
-            .1;
-        let f: Vec<&str> = after.split_whitespace().collect();
-        let field = |i: usize| -> anyhow::Result<f64> {
-            Ok(f.get(i)
-                .ok_or_else(|| anyhow::anyhow!("/proc/{}/stat: short", self.id()))?
-                .parse::<f64>()?)
-        };
-        // utime and stime, in clock ticks (USER_HZ, 100 on Linux).
-        Ok((field(11)? + field(12)?) / 100.0)
+        stat_cpu_seconds(&format!("/proc/{}/stat", self.id()))
+    }
+
+    /// User + system CPU seconds the child's threads whose names start with `prefix` have used
+    /// so far (Linux: `/proc/<pid>/task/<tid>/stat`; a thread that has ended counts no more).
+    pub fn threads_cpu_seconds(&self, prefix: &str) -> anyhow::Result<f64> {
+        let mut total = 0.0;
+        for task in std::fs::read_dir(format!("/proc/{}/task", self.id()))? {
+            let dir = task?.path();
+            // A thread may end between the listing and the reads.
+            let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+                continue;
+            };
+            if comm.starts_with(prefix)
+                && let Ok(cpu) = stat_cpu_seconds(&dir.join("stat").display().to_string())
+            {
+                total += cpu;
+            }
+        }
+        Ok(total)
     }
 
     /// The log file the child writes.
@@ -233,9 +240,48 @@ impl Service {
     }
 }
 
+/// User + system CPU seconds in a `/proc` stat file (a process's or a thread's).
+fn stat_cpu_seconds(path: &str) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(path)?;
+    let after = stat
+        .rsplit_once(')')
+        .ok_or_else(|| anyhow::anyhow!("{path}: no command field"))?
+        .1;
+    let f: Vec<&str> = after.split_whitespace().collect();
+    let field = |i: usize| -> anyhow::Result<f64> {
+        Ok(f.get(i)
+            .ok_or_else(|| anyhow::anyhow!("{path}: short"))?
+            .parse::<f64>()?)
+    };
+    // utime and stime, in clock ticks (USER_HZ, 100 on Linux).
+    Ok((field(11)? + field(12)?) / 100.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_busy_childs_cpu_is_counted_and_its_threads_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        // A shell spinning (no child processes: their CPU is not the shell's), its one thread
+        // named after its command; it is killed long before it counts to the end.
+        let args = [
+            "-c".to_owned(),
+            "i=0; while [ $i -lt 1000000000 ]; do i=$((i + 1)); done".to_owned(),
+        ];
+        let mut s = Service::spawn(Path::new("/bin/sh"), "sh", &args, dir.path(), false).unwrap();
+        tokio::time::sleep(Duration::from_millis(1200)).await;
+        let (all, sh, none) = (
+            s.cpu_seconds().unwrap(),
+            s.threads_cpu_seconds("sh").unwrap(),
+            s.threads_cpu_seconds("no-such-thread").unwrap(),
+        );
+        s.kill();
+        assert!(all >= 0.2, "{all}");
+        assert!(sh > 0.0 && sh <= all + 0.05, "{sh} of {all}");
+        assert_eq!(none, 0.0);
+    }
 
     #[tokio::test]
     async fn a_child_that_exits_before_it_is_ready_says_why() {
