@@ -1088,7 +1088,11 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
             svc.threads_cpu_seconds("rocksdb:")?,
         ])
     };
-    let (cpu0, threads0, t0) = (shard.svc.cpu_seconds()?, threads(&shard.svc)?, Instant::now());
+    let (cpu0, threads0, t0) = (
+        shard.svc.cpu_seconds()?,
+        threads(&shard.svc)?,
+        Instant::now(),
+    );
     let (keys, unique, per_write) = sparse_case(&endpoints, seconds, &transport, args.keys).await?;
     // Key updates per second of the shard's CPU (all its threads: gRPC, writer, RocksDB's).
     let cpu = shard.svc.cpu_seconds()? - cpu0;

@@ -128,7 +128,7 @@ impl Service {
 
     /// User + system CPU seconds the child has used so far (Linux: `/proc/<pid>/stat`).
     pub fn cpu_seconds(&self) -> anyhow::Result<f64> {
-        stat_cpu_seconds(&format!("/proc/{}/stat", self.id()))
+        stat_cpu_seconds(Path::new(&format!("/proc/{}/stat", self.id())))
     }
 
     /// User + system CPU seconds the child's threads whose names start with `prefix` have used
@@ -142,7 +142,7 @@ impl Service {
                 continue;
             };
             if comm.starts_with(prefix)
-                && let Ok(cpu) = stat_cpu_seconds(&dir.join("stat").display().to_string())
+                && let Ok(cpu) = stat_cpu_seconds(&dir.join("stat"))
             {
                 total += cpu;
             }
@@ -241,16 +241,16 @@ impl Service {
 }
 
 /// User + system CPU seconds in a `/proc` stat file (a process's or a thread's).
-fn stat_cpu_seconds(path: &str) -> anyhow::Result<f64> {
+fn stat_cpu_seconds(path: &Path) -> anyhow::Result<f64> {
     let stat = std::fs::read_to_string(path)?;
     let after = stat
         .rsplit_once(')')
-        .ok_or_else(|| anyhow::anyhow!("{path}: no command field"))?
+        .ok_or_else(|| anyhow::anyhow!("{}: no command field", path.display()))?
         .1;
     let f: Vec<&str> = after.split_whitespace().collect();
     let field = |i: usize| -> anyhow::Result<f64> {
         Ok(f.get(i)
-            .ok_or_else(|| anyhow::anyhow!("{path}: short"))?
+            .ok_or_else(|| anyhow::anyhow!("{}: short", path.display()))?
             .parse::<f64>()?)
     };
     // utime and stime, in clock ticks (USER_HZ, 100 on Linux).
