@@ -144,11 +144,11 @@ pub struct RocksOptions {
     pub level_base_mib: u64,
     /// Flushes and compactions read and write their files with direct I/O, past the page
     /// cache (where the filesystem takes it; otherwise through the page cache, with a
-    /// warning). Measured with `ps-bench --store`: with the hot set in the row cache, the
-    /// kernel's page-cache copies were a fifth of the shard's CPU, and direct I/O gave 1.1-1.4x
-    /// key updates per shard CPU second; with a tenth of the table cached, the row-cache misses
-    /// then read the disk instead of the page cache, at half the rate. So off by default: for
-    /// shards whose hot set fits their row cache.
+    /// warning). Measured with `ps-bench --store`: with the hot set in the row cache, where the
+    /// kernel's page-cache copies were a fifth of the shard's CPU, 1.01-1.41x key updates per
+    /// shard CPU second (7 pairs, median 1.09x; RocksDB's threads used no less CPU); with a
+    /// tenth of the table cached, the row-cache misses then read the disk instead of the page
+    /// cache, at half the rate. So off by default.
     pub direct_io: bool,
 }
 

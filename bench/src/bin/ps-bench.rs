@@ -950,7 +950,7 @@ fn rocksdb_config(
 }
 
 /// `value` as a TOML value: a number, a boolean or a quoted string as it is; a bare word
-/// (`compaction=universal`) quoted.
+/// (`--rocksdb key=word`) quoted.
 fn toml_value(value: &str) -> String {
     let literal = value.parse::<f64>().is_ok()
         || value == "true"
