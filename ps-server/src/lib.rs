@@ -166,6 +166,7 @@ async fn serve<S: Store>(
         max_queued_bytes: cfg.max_queued_bytes,
         pull_replica_bytes: cfg.pull_replica_bytes,
         dense_log_bytes: cfg.rocksdb.dense_log_mib << 20,
+        relog_rows: cfg.rocksdb.relog_rows,
         sync: cfg.rocksdb.sync,
         map_epoch,
         memory_budget: cfg.memory_budget_bytes,

@@ -72,6 +72,15 @@ pub fn describe() {
         "ps_rows_written_back_bytes_total",
         "Bytes of the batches that wrote dirty sparse rows back."
     );
+    describe_counter!(
+        "ps_rows_relogged_total",
+        "Dirty sparse rows still being updated written into the push log as images, instead of \
+         back into the store, when the log needed the room their older updates took."
+    );
+    describe_counter!(
+        "ps_rows_relogged_bytes_total",
+        "Bytes of the push-log records holding relogged sparse rows."
+    );
     describe_gauge!(
         "ps_sparse_rows_dirty",
         "Sparse rows updated in memory and in the log whose latest updates the store lacks \
@@ -107,6 +116,8 @@ pub fn describe() {
         "ps_dense_image_bytes_total",
         "ps_rows_written_back_total",
         "ps_rows_written_back_bytes_total",
+        "ps_rows_relogged_total",
+        "ps_rows_relogged_bytes_total",
         "ps_bulk_connections_total",
     ] {
         counter!(c).absolute(0);
@@ -209,6 +220,11 @@ pub fn rows_written_back(rows: usize, bytes: usize, took: Duration) {
     counter!("ps_rows_written_back_total").increment(rows as u64);
     counter!("ps_rows_written_back_bytes_total").increment(bytes as u64);
     histogram!("ps_rows_write_back_seconds").record(took.as_secs_f64());
+}
+
+pub fn rows_relogged(rows: usize, bytes: u64) {
+    counter!("ps_rows_relogged_total").increment(rows as u64);
+    counter!("ps_rows_relogged_bytes_total").increment(bytes);
 }
 
 /// The sparse rows dirty in memory, and pending since a restart.

@@ -24,7 +24,10 @@
 //! state and step count), written when the log runs out of room and the image fits in it. The
 //! dense position then names the image, which frees the log behind it for a fraction of the
 //! cost of writing the cells through RocksDB (WAL, memtable, flush and compaction). Replay sets
-//! the cells from an image wherever it meets one. Checkpoints and a clean stop still write the
+//! the cells from an image wherever it meets one. Records of *rows* do the same for hot sparse
+//! rows: each entry is one row in its stored form (table id, byte count, row id, then
+//! parameters, step, optimizer state and stamp), written instead of writing the row back into
+//! RocksDB when the log needs the room its older updates take (`engine/writeback.rs`). Checkpoints and a clean stop still write the
 //! cells and the dirty rows into RocksDB, so that a checkpoint needs nothing but the store.
 //!
 //! The file keeps the name it had when it held dense gradients only (`<db>.dense-log`, sized
@@ -52,6 +55,7 @@ pub enum PushLogError {
 
 const MAGIC: u32 = 0x4C44_5350; // "PSDL"
 const MAGIC_IMAGE: u32 = 0x4944_5350; // "PSDI"
+const MAGIC_ROWS: u32 = 0x5244_5350; // "PSDR"
 /// magic u32, crc u32, position u64, length u32, entries u32.
 const HEADER: usize = 24;
 /// table id u32, chunks u32, client u64, seq u64, floor u64.
@@ -62,6 +66,35 @@ const CHUNK: usize = 12;
 const CELL: usize = 24;
 /// Set in a sparse row's value count: the push stored the row (it was new).
 const NEW_ROW: u32 = 1 << 31;
+/// A row image's entry: table id u32, bytes u32, row id u64.
+const ROW: usize = 16;
+
+/// What a record holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// The gradients of a group commit.
+    Pushes,
+    /// Every dense cell.
+    Image,
+    /// Sparse rows as they are in memory.
+    Rows,
+}
+
+impl Kind {
+    fn magic(self) -> u32 {
+        match self {
+            Kind::Pushes => MAGIC,
+            Kind::Image => MAGIC_IMAGE,
+            Kind::Rows => MAGIC_ROWS,
+        }
+    }
+
+    fn of(magic: u32) -> Option<Self> {
+        [Kind::Pushes, Kind::Image, Kind::Rows]
+            .into_iter()
+            .find(|k| k.magic() == magic)
+    }
+}
 
 /// Where the log lives and how big it is.
 #[derive(Debug, Clone)]
@@ -93,8 +126,8 @@ pub struct PushLog {
     buf: Vec<u8>,
     entries: u32,
     entry_at: Option<usize>,
-    /// Whether the record being built is an image.
-    image: bool,
+    /// What the record being built holds.
+    kind: Kind,
 }
 
 /// One push of a replayed record.
@@ -129,6 +162,17 @@ pub struct CellImage<'a> {
     pub data: &'a [u8],
 }
 
+/// One sparse row of a replayed record of rows.
+#[derive(Debug)]
+pub struct RowImage<'a> {
+    pub table_id: u32,
+    pub id: u64,
+    /// The row in its stored form: parameters, step, optimizer state and stamp.
+    pub data: &'a [u8],
+    /// Where `data` starts in the log file.
+    pub offset: u64,
+}
+
 /// A replayed record.
 #[derive(Debug)]
 pub enum Logged<'a> {
@@ -136,6 +180,9 @@ pub enum Logged<'a> {
     Pushes(Vec<LoggedPush<'a>>),
     /// Every dense cell as it was when the image was written.
     Image(Vec<CellImage<'a>>),
+    /// Sparse rows as they were in memory when the record was written, each holding every
+    /// logged update before it (`engine/writeback.rs`).
+    Rows(Vec<RowImage<'a>>),
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -180,7 +227,7 @@ impl PushLog {
             buf: Vec::new(),
             entries: 0,
             entry_at: None,
-            image: false,
+            kind: Kind::Pushes,
         })
     }
 
@@ -278,13 +325,35 @@ impl PushLog {
         self.buf.resize(HEADER, 0);
         self.entries = 0;
         self.entry_at = None;
-        self.image = false;
+        self.kind = Kind::Pushes;
     }
 
     /// Starts an image of about `len` bytes ([`PushLog::image_len`]).
     pub fn begin_image(&mut self, len: u64) {
         self.begin(len);
-        self.image = true;
+        self.kind = Kind::Image;
+    }
+
+    /// Bytes of a record of `rows` row images holding `bytes` of stored rows in all.
+    pub fn rows_len(rows: usize, bytes: usize) -> u64 {
+        (HEADER + rows * ROW + bytes) as u64
+    }
+
+    /// Starts a record of sparse rows, at most `len` bytes ([`PushLog::rows_len`]).
+    pub fn begin_rows(&mut self, len: u64) {
+        self.begin(len);
+        self.kind = Kind::Rows;
+    }
+
+    /// Adds one sparse row, in its stored form (parameters, step, optimizer state, stamp), to
+    /// the current record of rows.
+    pub fn row_image(&mut self, table_id: u32, id: u64, stored: &[u8]) {
+        self.entries += 1;
+        self.buf.extend_from_slice(&table_id.to_le_bytes());
+        let len = u32::try_from(stored.len()).unwrap_or(u32::MAX);
+        self.buf.extend_from_slice(&len.to_le_bytes());
+        self.buf.extend_from_slice(&id.to_le_bytes());
+        self.buf.extend_from_slice(stored);
     }
 
     /// Adds one dense cell to the current image.
@@ -392,8 +461,7 @@ impl PushLog {
                 ),
             });
         }
-        let magic = if self.image { MAGIC_IMAGE } else { MAGIC };
-        self.buf[0..4].copy_from_slice(&magic.to_le_bytes());
+        self.buf[0..4].copy_from_slice(&self.kind.magic().to_le_bytes());
         self.buf[8..16].copy_from_slice(&pos.to_le_bytes());
         self.buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
         self.buf[20..24].copy_from_slice(&entries.to_le_bytes());
@@ -429,7 +497,7 @@ impl PushLog {
                 pos = pos - pos % self.capacity + self.capacity;
                 found = self.read_header(pos, &mut header)?;
             }
-            let Some((len, image)) = found else {
+            let Some((len, kind)) = found else {
                 break;
             };
             if pos + len - from > self.capacity {
@@ -442,10 +510,11 @@ impl PushLog {
             if crc32fast::hash(&body[8..]) != u32_at(&body, 4) {
                 break; // a torn record: the process died while writing it
             }
-            let logged = if image {
-                parse_image(&body).map(Logged::Image)
-            } else {
-                parse(&body, pos % self.capacity).map(Logged::Pushes)
+            let base = pos % self.capacity;
+            let logged = match kind {
+                Kind::Image => parse_image(&body).map(Logged::Image),
+                Kind::Pushes => parse(&body, base).map(Logged::Pushes),
+                Kind::Rows => parse_rows(&body, base).map(Logged::Rows),
             };
             let Some(logged) = logged else {
                 return Err(PushLogError::Corrupt {
@@ -462,25 +531,22 @@ impl PushLog {
         Ok(records)
     }
 
-    /// The length of the record at `pos` and whether it is an image, if a plausible header for
-    /// that position is there.
+    /// The length of the record at `pos` and what it holds, if a plausible header for that
+    /// position is there.
     fn read_header(
         &self,
         pos: u64,
         header: &mut [u8; HEADER],
-    ) -> Result<Option<(u64, bool)>, PushLogError> {
+    ) -> Result<Option<(u64, Kind)>, PushLogError> {
         let off = pos % self.capacity;
         if off + HEADER as u64 > self.capacity {
             return Ok(None);
         }
         self.file.read_exact_at(header, off)?;
         let len = u32_at(header, 16) as u64;
-        let magic = u32_at(header, 0);
-        let ok = (magic == MAGIC || magic == MAGIC_IMAGE)
-            && u64_at(header, 8) == pos
-            && len >= HEADER as u64
-            && off + len <= self.capacity;
-        Ok(ok.then_some((len, magic == MAGIC_IMAGE)))
+        let kind = Kind::of(u32_at(header, 0));
+        let ok = u64_at(header, 8) == pos && len >= HEADER as u64 && off + len <= self.capacity;
+        Ok(kind.filter(|_| ok).map(|k| (len, k)))
     }
 }
 
@@ -557,6 +623,27 @@ fn parse_image(body: &[u8]) -> Option<Vec<CellImage<'_>>> {
             step: u64_at(c, 16),
             data: take_f32s(body, &mut at, u32_at(c, 4))?,
         });
+    }
+    (at == body.len()).then_some(out)
+}
+
+/// The rows of a record of row images written at file offset `base`, or `None` when its
+/// entries overrun it.
+fn parse_rows(body: &[u8], base: u64) -> Option<Vec<RowImage<'_>>> {
+    let entries = u32_at(body, 20) as usize;
+    let mut at = HEADER;
+    let mut out = Vec::with_capacity(entries.min(1 << 16));
+    for _ in 0..entries {
+        let r = body.get(at..at + ROW)?;
+        at += ROW;
+        let end = at.checked_add(u32_at(r, 4) as usize)?;
+        out.push(RowImage {
+            table_id: u32_at(r, 0),
+            id: u64_at(r, 8),
+            data: body.get(at..end)?,
+            offset: base + at as u64,
+        });
+        at = end;
     }
     (at == body.len()).then_some(out)
 }
@@ -702,6 +789,7 @@ mod tests {
                         }
                     }
                     Logged::Pushes(p) => cells.push((0, p[0].push_id.seq, 0, Vec::new())),
+                    Logged::Rows(_) => panic!("no rows were written"),
                 }
                 Ok(())
             })
@@ -775,6 +863,66 @@ mod tests {
         }
         assert!(log.commit().is_err());
         assert_eq!(log.head(), 2868, "nothing written");
+    }
+
+    #[test]
+    fn row_images_replay_as_written_with_their_file_offsets() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(dir.path(), 1 << 16);
+        write(&mut log, 1, 10);
+        let (a, b) = (vec![7u8; 40], vec![9u8; 12]);
+        let len = PushLog::rows_len(2, a.len() + b.len());
+        log.begin_rows(len);
+        let at = log.position();
+        log.row_image(4, 1 << 40, &a);
+        log.row_image(6, 3, &b);
+        assert_eq!(log.commit().unwrap(), len);
+        write(&mut log, 2, 10);
+
+        let mut reopened = open(dir.path(), 1 << 16);
+        let file = reopened.reader().unwrap();
+        let mut seen = Vec::new();
+        reopened
+            .replay(0, &mut |pos, logged| -> Result<(), PushLogError> {
+                match logged {
+                    Logged::Rows(rows) => {
+                        assert_eq!(pos, at);
+                        for r in rows {
+                            let mut held = vec![0u8; r.data.len()];
+                            file.read_exact_at(&mut held, r.offset).unwrap();
+                            assert_eq!(held, r.data, "the offset names the row in the file");
+                            seen.push((r.table_id, r.id, r.data.to_vec()));
+                        }
+                    }
+                    Logged::Pushes(p) => seen.push((0, p[0].push_id.seq, Vec::new())),
+                    Logged::Image(_) => panic!("no image was written"),
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            seen,
+            vec![
+                (0, 1, Vec::new()),
+                (4, 1 << 40, a),
+                (6, 3, b),
+                (0, 2, Vec::new())
+            ]
+        );
+        assert_eq!(reopened.head(), log.head());
+
+        // An entry claiming more bytes than its record holds is damage, not a torn tail.
+        let other = tempfile::tempdir().unwrap();
+        let mut log = open(other.path(), 1 << 16);
+        log.begin_rows(PushLog::rows_len(1, 8));
+        log.row_image(4, 1, &[1u8; 8]);
+        let at = 24 + 4; // the entry's byte count
+        log.buf[at..at + 4].copy_from_slice(&9u32.to_le_bytes());
+        log.commit().unwrap();
+        let err = open(other.path(), 1 << 16)
+            .replay(0, &mut |_, _| -> Result<(), PushLogError> { Ok(()) })
+            .unwrap_err();
+        assert!(matches!(err, PushLogError::Corrupt { .. }), "{err}");
     }
 
     #[test]

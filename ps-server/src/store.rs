@@ -150,6 +150,10 @@ pub struct RocksOptions {
     /// tenth of the table cached, the row-cache misses then read the disk instead of the page
     /// cache, at half the rate. So off by default.
     pub direct_io: bool,
+    /// Sparse rows still being updated when the push log needs the room of their older
+    /// updates are written into the log again as images (*relogged*) instead of back into
+    /// RocksDB (`engine/writeback.rs`); false writes every such row back, as before.
+    pub relog_rows: bool,
 }
 
 impl Default for RocksOptions {
@@ -166,6 +170,7 @@ impl Default for RocksOptions {
             level0_compaction_trigger: 16,
             level_base_mib: 1024,
             direct_io: false,
+            relog_rows: true,
         }
     }
 }

@@ -703,7 +703,8 @@ async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
 
 /// Sparse rows are written back: a push's rows reach the log, and the store only later (when
 /// the log needs their room, here a 2 MiB log that wraps many times, or at eviction), each
-/// stamped with the last logged update it holds. Hot rows updated in every round and cold rows
+/// stamped with the last logged update it holds; rows still being updated then are relogged
+/// (an image of each in the log) instead. Hot rows updated in every round and cold rows
 /// seen once, beside dense pushes in the same log, train exactly as an uninterrupted run
 /// computed here through kill -9; after the restart the rows the log touched are pending:
 /// pulled before anything else, brought up to date by a push, and pending still when the
@@ -793,6 +794,10 @@ async fn sparse_rows_written_back_through_a_small_log_train_exactly_through_kill
         written < (rounds as f64 + 1.0) * 2_050.0 / 2.0,
         "{written} rows written back: updates were not combined"
     );
+    // Rows still being updated when the log needed their room (the hot rows, and cold rows
+    // pushed again since) were relogged: the restart rebuilds them from their images.
+    let relogged = metric(&server, "ps_rows_relogged_total").await;
+    assert!(relogged >= 50.0, "{relogged} rows relogged");
     server.svc.kill();
 
     let port = server.addr.rsplit(':').next().unwrap().to_owned();

@@ -96,6 +96,9 @@ pub struct EngineConfig {
     /// Size of the dense-gradient log beside a durable store's database; 0 writes dense
     /// updates into the store instead.
     pub dense_log_bytes: u64,
+    /// Hot sparse rows are relogged rather than written back when the log needs their room
+    /// (`writeback.rs`).
+    pub relog_rows: bool,
     /// fdatasync the push log after every record (with the store's own sync).
     pub sync: bool,
     /// The shard-map epoch learnt from the scheduler (0: no scheduler). Shared with the

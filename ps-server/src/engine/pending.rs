@@ -2,9 +2,9 @@
 //! them (row → the positions of its logged gradients in the log file), so that a shard serves
 //! again in the time it takes to read its log, whatever the rows that log touched.
 //!
-//! A pending row is never in the cache. The writer brings it up to date (read from the store
-//! unless the log stored it, every logged update the stored row lacks applied in order, by its
-//! stamp) and writes it back before it first updates it, and drains the rest oldest first
+//! A pending row is never in the cache. The writer brings it up to date (from its latest image
+//! in the log, or read from the store unless the log stored it; then every logged update that
+//! row lacks applied in order, by its stamp) and writes it back before it first updates it, and drains the rest oldest first
 //! between groups ([`Inner::write_back_step`]), which is what moves the rows' tail past them;
 //! a pull answers a pending row from the same computation, without caching it. A row stops
 //! being pending only after the write that brings the store up to date, so a pull that finds
@@ -28,13 +28,23 @@ use crate::store::{Store, StoreError};
 /// Pending rows of one table, by id.
 pub(super) type PendingRows = Vec<(u64, PendingRow)>;
 
+/// Where a pending row is rebuilt from, before its logged updates.
+#[derive(Debug, Clone, Copy)]
+enum Base {
+    /// The store's row.
+    Store,
+    /// The initializer: the row's first update in the log stored it (it was new).
+    Fresh,
+    /// An image of the row in the log (`writeback.rs`): file offset and length of its stored
+    /// form.
+    Image { offset: u64, len: u32 },
+}
+
 /// A pending row's logged updates.
 #[derive(Debug, Clone)]
 pub(super) struct PendingRow {
-    /// The row's first update in the log stored it (it was new): it is rebuilt from the
-    /// initializer, not read from the store.
-    new: bool,
-    /// (record position, file offset of the gradient), oldest first.
+    base: Base,
+    /// (record position, file offset of the gradient), oldest first, after the base.
     updates: Vec<(u64, u64)>,
 }
 
@@ -86,11 +96,46 @@ impl Pending {
                 order.push_back((pos, table, id));
                 added += 1;
                 PendingRow {
-                    new,
+                    base: if new { Base::Fresh } else { Base::Store },
                     updates: Vec::new(),
                 }
             });
             row.updates.push((pos, offset));
+        }
+        self.rows.fetch_add(added, Ordering::Release);
+    }
+
+    /// Start-up: rows of table `table` the record at `pos` holds images of (row id, file
+    /// offset and length of the stored form). An image holds every update logged before it,
+    /// so the row is rebuilt from it and the updates after it.
+    pub(super) fn add_images(
+        &self,
+        table: u32,
+        pos: u64,
+        rows: impl Iterator<Item = (u64, u64, u32)>,
+    ) {
+        let mut state = self.state.lock();
+        let State {
+            rows: pending,
+            order,
+        } = &mut *state;
+        let mut added = 0;
+        for (id, offset, len) in rows {
+            let base = Base::Image { offset, len };
+            pending
+                .entry((table, id))
+                .and_modify(|row| {
+                    row.base = base;
+                    row.updates.clear();
+                })
+                .or_insert_with(|| {
+                    order.push_back((pos, table, id));
+                    added += 1;
+                    PendingRow {
+                        base,
+                        updates: Vec::new(),
+                    }
+                });
         }
         self.rows.fetch_add(added, Ordering::Release);
     }
@@ -160,35 +205,59 @@ impl Pending {
 
     /// Reads the logged gradient at `offset` into `out`.
     fn read(&self, offset: u64, bytes: &mut Vec<u8>, out: &mut [f32]) -> Result<(), StoreError> {
-        bytes.resize(out.len() * 4, 0);
+        self.read_bytes(offset, out.len() * 4, bytes)?;
+        ps_core::payload::read_f32_le(bytes, out);
+        Ok(())
+    }
+
+    /// Reads `len` bytes of the log file at `offset` into `bytes`.
+    fn read_bytes(&self, offset: u64, len: usize, bytes: &mut Vec<u8>) -> Result<(), StoreError> {
+        bytes.resize(len, 0);
         let file = self
             .file
             .get()
             .ok_or_else(|| StoreError::Corrupt("pending updates without their log".into()))?;
         file.read_exact_at(bytes, offset)?;
-        ps_core::payload::read_f32_le(bytes, out);
         Ok(())
     }
 }
 
 impl<S: Store> Inner<S> {
-    /// Brings pending rows of `table` up to date: each read from the store (one read for all;
-    /// a row the log stored starts from the initializer), then every logged update its stamp
-    /// says it lacks, in order. The rows are not put anywhere.
+    /// Brings pending rows of `table` up to date: each from its image in the log, or read from
+    /// the store (one read for all; a row the log stored starts from the initializer), then
+    /// every logged update its stamp says it lacks, in order. The rows are not put anywhere.
     pub(super) fn pending_rows(
         &self,
         table: &Table,
         rows: Vec<(u64, PendingRow)>,
     ) -> Result<Vec<(u64, Row)>> {
         let dim = table.spec.row_dim();
-        let stored: Vec<u64> = rows.iter().filter(|(_, p)| !p.new).map(|r| r.0).collect();
+        let stored: Vec<u64> = rows
+            .iter()
+            .filter(|(_, p)| matches!(p.base, Base::Store))
+            .map(|r| r.0)
+            .collect();
         let mut fetched = self.fetch_rows(table, &stored)?;
         let (mut grad, mut bytes) = (vec![0.0; dim], Vec::new());
         let mut out = Vec::with_capacity(rows.len());
         for (id, p) in rows {
-            let mut row = fetched
-                .remove(&id)
-                .unwrap_or_else(|| Row::new(Cell::fresh(&table.spec, table.hash, id, dim), 0, 0));
+            let mut row = match p.base {
+                Base::Image { offset, len } => {
+                    if len as usize != table.stored_row_bytes() {
+                        return Err(StoreError::Corrupt(format!(
+                            "the push log's image of row {id} of `{}` is {len} bytes",
+                            table.spec.name
+                        ))
+                        .into());
+                    }
+                    self.pending.read_bytes(offset, len as usize, &mut bytes)?;
+                    let (cell, stamp) = Cell::stored(&table.spec, dim, &bytes, None)?;
+                    Row::new(cell, 0, stamp)
+                }
+                Base::Store | Base::Fresh => fetched.remove(&id).unwrap_or_else(|| {
+                    Row::new(Cell::fresh(&table.spec, table.hash, id, dim), 0, 0)
+                }),
+            };
             let mut stamp = row.stamp.load(Ordering::Relaxed);
             for (pos, offset) in p.updates {
                 if pos < stamp {

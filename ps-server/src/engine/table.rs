@@ -293,6 +293,13 @@ impl Table {
         batch.put(Cf::Params, &self.key(id), scratch);
     }
 
+    /// Bytes of a sparse row's stored form ([`Table::put_row_into`]): its parameters and
+    /// optimizer state, then its step and stamp.
+    pub(super) fn stored_row_bytes(&self) -> usize {
+        let n = self.spec.row_dim();
+        n * 4 * (1 + self.spec.optimizer.state_slots()) + 16
+    }
+
     /// A sparse row's stored form ([`Table::put_row`]), into `out`.
     pub(super) fn put_row_into(&self, cell: &Cell, stamp: u64, out: &mut Vec<u8>) {
         let n = cell.data.len() / (1 + self.spec.optimizer.state_slots());

@@ -3,7 +3,9 @@
 //! RocksDB. The rows stay *dirty* in the cache and reach the store later, once however many
 //! pushes updated them in between:
 //!
-//! - when the log needs the room their records take (oldest first, [`Inner::write_back`]);
+//! - when the log needs the room their records take (oldest first, [`Inner::write_back`]),
+//!   unless they are still being updated: those are *relogged*, written into the log as
+//!   images of the rows that hold every update before them, and stay dirty;
 //! - when the cache evicts them (the CLOCK sweep writes a dirty victim back before it may
 //!   leave memory, `paging.rs`);
 //! - at a checkpoint and a clean stop (every dirty row, [`Inner::write_back_all`]).
@@ -21,7 +23,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use super::keys::META_ROWS_LOG_POS;
+use super::keys::{META_ROWS_LOG_POS, cell_key};
 use super::rows::Row;
 use super::table::{Table, TableData};
 use super::{EngineError, Inner, Result};
@@ -78,7 +80,7 @@ impl<S: Store> Inner<S> {
     /// oldest dirty row left became dirty at or after it, or none is left), in batches of at
     /// most [`MAX_ROWS_PER_STEP`] rows, each with the rows' new tail; then tells the log.
     pub(super) fn write_back(&self, log: &mut PushLog, target: u64) -> Result<()> {
-        while !self.write_back_step(log, target, MAX_ROWS_PER_STEP)? {}
+        while !self.write_back_step(log, target, MAX_ROWS_PER_STEP, false)? {}
         Ok(())
     }
 
@@ -88,19 +90,22 @@ impl<S: Store> Inner<S> {
     /// rows; and moves the rows' tail past the rows written back by evictions. The larger the
     /// share, the more updates a row takes between two write-backs (measured, `ps-bench
     /// --store`: three quarters of the log against a half, 1.0 M against 0.7-0.8 M key
-    /// updates per shard CPU second), and the more a restart reads.
+    /// updates per shard CPU second), and the more a restart reads. Rows still being updated
+    /// are relogged rather than written back; a group that finds the log full anyway writes
+    /// rows back (`dense.rs`), relogging none.
     pub(super) fn trickle_write_back(&self, log: &mut PushLog) -> Result<()> {
         let limit = log.capacity() / 4 * 3;
         if log.head() - log.rows_tail() > limit {
-            self.write_back_step(log, log.head() - limit / 4 * 3, MAX_ROWS_PER_STEP)?;
+            let target = log.head() - limit / 4 * 3;
+            self.write_back_step(log, target, MAX_ROWS_PER_STEP, self.cfg.relog_rows)?;
         } else if !self.pending.is_empty() {
             // A restart's pending rows drain in the background, a few at a time.
             let rows = PENDING_PER_STEP.min(self.pending.len() as usize);
-            self.write_back_step(log, u64::MAX, rows)?;
+            self.write_back_step(log, u64::MAX, rows, false)?;
         } else if log.live() > log.capacity() / 16 {
             // Rows evicted since were written back: the front may be stale (no write when
             // the tail does not move).
-            self.write_back_step(log, 0, 0)?;
+            self.write_back_step(log, 0, 0, false)?;
         }
         Ok(())
     }
@@ -108,20 +113,32 @@ impl<S: Store> Inner<S> {
     /// One batch of [`Inner::write_back`]: at most `max_rows` of the rows that became dirty
     /// before `target` (a restart's pending rows first: they are the oldest), oldest first;
     /// true when none is left before it.
+    ///
+    /// With `relog`, rows updated again since they became dirty (or since their last image)
+    /// are *relogged* instead: written into the log as one record of row images and left
+    /// dirty, as of that record. A row that keeps being updated would otherwise be written
+    /// back once per lap of the log, each time costing RocksDB a WAL entry, a memtable insert,
+    /// a flush and its compactions (about 3.5 µs of the shard's CPU at dim 64 with Adagrad);
+    /// its image costs one copy into a record (measured, `ps-bench --store`,
+    /// ARCHITECTURE.md). A row not updated again is written back: relogging it would only
+    /// carry it around the log. The images take at most half of the log the step frees (plus
+    /// a sixty-fourth of the log), so that a step frees room however hot the rows are.
     pub(super) fn write_back_step(
         &self,
         log: &mut PushLog,
         target: u64,
         max_rows: usize,
+        relog: bool,
     ) -> Result<bool> {
         self.check_writable()?;
         let recovered = self.recover_oldest(target, max_rows)?;
         let max_rows = max_rows.saturating_sub(recovered);
         let t0 = Instant::now();
-        let mut rows = Encoded::default();
+        let (start, slack) = (log.rows_tail(), log.capacity() / 64);
+        let (mut rows, mut images) = (Encoded::default(), Encoded::default());
         let mut wb = self.writeback.lock();
-        let mut written: Vec<Dirty> = Vec::new();
-        while written.len() < max_rows {
+        let (mut written, mut relogged): (Vec<Dirty>, Vec<Dirty>) = (Vec::new(), Vec::new());
+        while written.len() + relogged.len() < max_rows {
             let Some(front) = wb.queue.front() else {
                 break;
             };
@@ -139,10 +156,46 @@ impl<S: Store> Inner<S> {
                 && !d.table.dropped.load(Ordering::Acquire)
                 && row.dirty.load(Ordering::Relaxed) == d.since
             {
-                rows.add(&d.table, d.id, row);
-                drop(stripe);
-                written.push(d);
+                // The tail moves past the record that made this row dirty.
+                let freed = (d.since - 1).saturating_sub(start);
+                let len = PushLog::rows_len(images.len() + 1, images.bytes())
+                    + d.table.stored_row_bytes() as u64;
+                let relog_it = relog
+                    && row.stamp.load(Ordering::Relaxed) > d.since
+                    && len <= freed / 2 + slack
+                    && log.fits(len);
+                if relog_it {
+                    images.add(&d.table, d.id, row);
+                    drop(stripe);
+                    relogged.push(d);
+                } else {
+                    rows.add(&d.table, d.id, row);
+                    drop(stripe);
+                    written.push(d);
+                }
             }
+        }
+        if !relogged.is_empty() {
+            // The images first: the tail stored below may pass the updates they hold.
+            log.begin_rows(PushLog::rows_len(images.len(), images.bytes()));
+            let since = log.position() + 1;
+            images.relog(log);
+            let len = log.commit().map_err(|e| EngineError::ReadOnly {
+                cause: self.fail(e.to_string()),
+            })?;
+            for d in &mut relogged {
+                if let TableData::Sparse(table_rows) = &d.table.data
+                    && let Some(row) = table_rows.stripe(d.id).read().get(&d.id)
+                {
+                    row.dirty.store(since, Ordering::Relaxed);
+                }
+                d.since = since;
+            }
+            wb.queue.extend(relogged.drain(..));
+            self.counters
+                .bytes_written
+                .fetch_add(len, Ordering::Relaxed);
+            crate::metrics::rows_relogged(images.len(), len);
         }
         // The stale entries at the front cost nothing to drop now, and hold the tail back.
         while wb.queue.front().is_some_and(|d| !live(d)) {
@@ -308,12 +361,12 @@ impl<S: Store> Inner<S> {
     }
 }
 
-/// Rows encoded for a batch, put into it in key order: RocksDB's memtable takes keys in
-/// order at the cost of appending them, and its flush then has nothing to sort.
+/// Rows in their stored form (parameters, step, optimizer state, stamp), for a batch or a
+/// record of row images.
 #[derive(Default)]
 struct Encoded {
-    /// (key, end of the row's bytes in `bytes`).
-    rows: Vec<([u8; 12], usize)>,
+    /// (table id, row id, end of the row's bytes in `bytes`).
+    rows: Vec<(u32, u64, usize)>,
     bytes: Vec<u8>,
     scratch: Vec<u8>,
 }
@@ -323,19 +376,44 @@ impl Encoded {
         let stamp = row.stamp.load(Ordering::Relaxed);
         table.put_row_into(&row.cell, stamp, &mut self.scratch);
         self.bytes.extend_from_slice(&self.scratch);
-        self.rows.push((table.key(id), self.bytes.len()));
+        self.rows.push((table.id, id, self.bytes.len()));
     }
 
-    fn put(self, batch: &mut impl StoreBatch) {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    fn bytes(&self) -> usize {
+        self.bytes.len()
+    }
+
+    /// Each row with its bytes.
+    fn each(&self) -> impl Iterator<Item = (u32, u64, &[u8])> {
         let mut start = 0;
-        let mut spans: Vec<([u8; 12], usize, usize)> = Vec::with_capacity(self.rows.len());
-        for &(key, end) in &self.rows {
-            spans.push((key, start, end));
+        self.rows.iter().map(move |&(table, id, end)| {
+            let bytes = &self.bytes[start..end];
             start = end;
+            (table, id, bytes)
+        })
+    }
+
+    /// Puts the rows into `batch` in key order: RocksDB's memtable takes keys in order at
+    /// the cost of appending them, and its flush then has nothing to sort.
+    fn put(self, batch: &mut impl StoreBatch) {
+        let mut spans: Vec<([u8; 12], &[u8])> = self
+            .each()
+            .map(|(table, id, bytes)| (cell_key(table, id), bytes))
+            .collect();
+        spans.sort_unstable_by_key(|&(key, _)| key);
+        for (key, bytes) in spans {
+            batch.put(Cf::Params, &key, bytes);
         }
-        spans.sort_unstable_by_key(|&(key, ..)| key);
-        for (key, start, end) in spans {
-            batch.put(Cf::Params, &key, &self.bytes[start..end]);
+    }
+
+    /// Adds the rows to the record of row images `log` began.
+    fn relog(&self, log: &mut PushLog) {
+        for (table, id, bytes) in self.each() {
+            log.row_image(table, id, bytes);
         }
     }
 }
