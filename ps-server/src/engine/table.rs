@@ -289,21 +289,21 @@ impl Table {
         batch: &mut impl StoreBatch,
         scratch: &mut Vec<u8>,
     ) {
-        self.put_row_into(cell, stamp, scratch);
+        scratch.clear();
+        self.append_row(cell, stamp, scratch);
         batch.put(Cf::Params, &self.key(id), scratch);
     }
 
-    /// Bytes of a sparse row's stored form ([`Table::put_row_into`]): its parameters and
+    /// Bytes of a sparse row's stored form ([`Table::append_row`]): its parameters and
     /// optimizer state, then its step and stamp.
     pub(super) fn stored_row_bytes(&self) -> usize {
         let n = self.spec.row_dim();
         n * 4 * (1 + self.spec.optimizer.state_slots()) + 16
     }
 
-    /// A sparse row's stored form ([`Table::put_row`]), into `out`.
-    pub(super) fn put_row_into(&self, cell: &Cell, stamp: u64, out: &mut Vec<u8>) {
+    /// Appends a sparse row's stored form ([`Table::put_row`]) to `out`.
+    pub(super) fn append_row(&self, cell: &Cell, stamp: u64, out: &mut Vec<u8>) {
         let n = cell.data.len() / (1 + self.spec.optimizer.state_slots());
-        out.clear();
         out.extend_from_slice(bytemuck::cast_slice(&cell.data[..n]));
         cell.append_state(n, out);
         out.extend_from_slice(&stamp.to_le_bytes());

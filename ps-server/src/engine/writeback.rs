@@ -368,14 +368,12 @@ struct Encoded {
     /// (table id, row id, end of the row's bytes in `bytes`).
     rows: Vec<(u32, u64, usize)>,
     bytes: Vec<u8>,
-    scratch: Vec<u8>,
 }
 
 impl Encoded {
     fn add(&mut self, table: &Table, id: u64, row: &Row) {
         let stamp = row.stamp.load(Ordering::Relaxed);
-        table.put_row_into(&row.cell, stamp, &mut self.scratch);
-        self.bytes.extend_from_slice(&self.scratch);
+        table.append_row(&row.cell, stamp, &mut self.bytes);
         self.rows.push((table.id, id, self.bytes.len()));
     }
 
