@@ -27,8 +27,9 @@
 //! the cells from an image wherever it meets one. Records of *rows* do the same for hot sparse
 //! rows: each entry is one row in its stored form (table id, byte count, row id, then
 //! parameters, step, optimizer state and stamp), written instead of writing the row back into
-//! RocksDB when the log needs the room its older updates take (`engine/writeback.rs`). Checkpoints and a clean stop still write the
-//! cells and the dirty rows into RocksDB, so that a checkpoint needs nothing but the store.
+//! RocksDB when the log needs the room its older updates take (`engine/writeback.rs`).
+//! Checkpoints and a clean stop still write the cells and the dirty rows into RocksDB, so that
+//! a checkpoint needs nothing but the store.
 //!
 //! The file keeps the name it had when it held dense gradients only (`<db>.dense-log`, sized
 //! by `dense_log_mib`), so that data directories written before read the same.

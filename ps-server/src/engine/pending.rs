@@ -4,12 +4,13 @@
 //!
 //! A pending row is never in the cache. The writer brings it up to date (from its latest image
 //! in the log, or read from the store unless the log stored it; then every logged update that
-//! row lacks applied in order, by its stamp) and writes it back before it first updates it, and drains the rest oldest first
-//! between groups ([`Inner::write_back_step`]), which is what moves the rows' tail past them;
-//! a pull answers a pending row from the same computation, without caching it. A row stops
-//! being pending only after the write that brings the store up to date, so a pull that finds
-//! it pending computes it (from the store as it is then: a stored row's stamp says which
-//! logged updates it holds), and one that does not reads it from the store.
+//! row lacks applied in order, by its stamp) and writes it back before it first updates it,
+//! and drains the rest oldest first between groups ([`Inner::write_back_step`]), which is what
+//! moves the rows' tail past them; a pull answers a pending row from the same computation,
+//! without caching it. A row stops being pending only after the write that brings the store
+//! up to date, so a pull that finds it pending computes it (from the store as it is then: a
+//! stored row's stamp says which logged updates it holds), and one that does not reads it from
+//! the store.
 
 use std::collections::{HashMap, VecDeque};
 use std::fs::File;
