@@ -57,6 +57,29 @@ struct State {
     order: VecDeque<(u64, u32, u64)>,
 }
 
+impl State {
+    /// Pending row `id` of table `table`; when it is not pending yet, added with `base`, first
+    /// seen in the record at `pos`, and counted in `added`.
+    fn row(
+        &mut self,
+        table: u32,
+        id: u64,
+        pos: u64,
+        base: Base,
+        added: &mut u64,
+    ) -> &mut PendingRow {
+        let order = &mut self.order;
+        self.rows.entry((table, id)).or_insert_with(|| {
+            order.push_back((pos, table, id));
+            *added += 1;
+            PendingRow {
+                base,
+                updates: Vec::new(),
+            }
+        })
+    }
+}
+
 /// The rows a restart left pending.
 #[derive(Debug, Default)]
 pub(super) struct Pending {
@@ -86,57 +109,25 @@ impl Pending {
     /// Start-up: the rows of table `table` a push in the record at `pos` updated, each with
     /// its gradient's offset in the log file and whether the push stored the row.
     pub(super) fn add(&self, table: u32, pos: u64, rows: impl Iterator<Item = (u64, u64, bool)>) {
-        let mut state = self.state.lock();
-        let State {
-            rows: pending,
-            order,
-        } = &mut *state;
-        let mut added = 0;
+        let (mut state, mut added) = (self.state.lock(), 0);
         for (id, offset, new) in rows {
-            let row = pending.entry((table, id)).or_insert_with(|| {
-                order.push_back((pos, table, id));
-                added += 1;
-                PendingRow {
-                    base: if new { Base::Fresh } else { Base::Store },
-                    updates: Vec::new(),
-                }
-            });
+            let base = if new { Base::Fresh } else { Base::Store };
+            let row = state.row(table, id, pos, base, &mut added);
             row.updates.push((pos, offset));
         }
         self.rows.fetch_add(added, Ordering::Release);
     }
 
-    /// Start-up: rows of table `table` the record at `pos` holds images of (row id, file
-    /// offset and length of the stored form). An image holds every update logged before it,
-    /// so the row is rebuilt from it and the updates after it.
-    pub(super) fn add_images(
-        &self,
-        table: u32,
-        pos: u64,
-        rows: impl Iterator<Item = (u64, u64, u32)>,
-    ) {
-        let mut state = self.state.lock();
-        let State {
-            rows: pending,
-            order,
-        } = &mut *state;
-        let mut added = 0;
-        for (id, offset, len) in rows {
+    /// Start-up: rows the record at `pos` holds images of (table id, row id, file offset and
+    /// length of the stored form). An image holds every update logged before it, so the row
+    /// is rebuilt from it and the updates after it.
+    pub(super) fn add_images(&self, pos: u64, rows: impl Iterator<Item = (u32, u64, u64, u32)>) {
+        let (mut state, mut added) = (self.state.lock(), 0);
+        for (table, id, offset, len) in rows {
             let base = Base::Image { offset, len };
-            pending
-                .entry((table, id))
-                .and_modify(|row| {
-                    row.base = base;
-                    row.updates.clear();
-                })
-                .or_insert_with(|| {
-                    order.push_back((pos, table, id));
-                    added += 1;
-                    PendingRow {
-                        base,
-                        updates: Vec::new(),
-                    }
-                });
+            let row = state.row(table, id, pos, base, &mut added);
+            row.base = base;
+            row.updates.clear();
         }
         self.rows.fetch_add(added, Ordering::Release);
     }

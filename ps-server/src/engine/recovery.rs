@@ -259,21 +259,15 @@ impl<S: Store> Inner<S> {
                 Logged::Rows(_) if pos < rows_from => return Ok(()),
                 Logged::Rows(rows) => {
                     // Rows of a table dropped since are skipped.
-                    let mut rows = rows.as_slice();
-                    while let Some(first) = rows.first() {
-                        let n = rows
-                            .iter()
-                            .take_while(|r| r.table_id == first.table_id)
-                            .count();
-                        let (same, rest) = rows.split_at(n);
-                        rows = rest;
-                        if let Some(table) = by_id.get(&first.table_id)
-                            && matches!(table.data, TableData::Sparse(_))
-                        {
-                            let images = same.iter().map(|r| (r.id, r.offset, r.data.len() as u32));
-                            self.pending.add_images(table.id, pos, images);
-                        }
-                    }
+                    let images = rows
+                        .iter()
+                        .filter(|r| {
+                            by_id
+                                .get(&r.table_id)
+                                .is_some_and(|t| matches!(t.data, TableData::Sparse(_)))
+                        })
+                        .map(|r| (r.table_id, r.id, r.offset, r.data.len() as u32));
+                    self.pending.add_images(pos, images);
                     return Ok(());
                 }
                 Logged::Image(_) if pos < dense_from => return Ok(()),
