@@ -672,3 +672,37 @@ fn a_bounded_row_feedback_drops_the_idle_row() {
     assert!(ef.residual(22).is_none());
     assert_eq!(RowErrorFeedback::rows_in(1 << 20, 32), (1 << 20) / 161);
 }
+
+#[test]
+fn non_finite_checks_tell_every_kind_of_value_apart() {
+    let finite = [
+        0.0,
+        -0.0,
+        f32::MIN_POSITIVE,
+        f32::from_bits(1), // the smallest subnormal
+        -f32::from_bits(0x007f_ffff),
+        f32::MAX,
+        f32::MIN,
+        1.0,
+        -3.5e-20,
+    ];
+    let non_finite = [
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001), // a signalling NaN
+        f32::from_bits(0xffff_ffff),
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+    ];
+    assert!(!quant::any_non_finite(&finite));
+    let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
+    assert_eq!(quant::first_non_finite_le(&bytes(&finite)), None);
+    for bad in non_finite {
+        for at in [0, 4, finite.len()] {
+            let mut v = finite.to_vec();
+            v.insert(at, bad);
+            assert!(quant::any_non_finite(&v), "{bad} at {at}");
+            assert_eq!(quant::first_non_finite_le(&bytes(&v)), Some(at), "{bad}");
+        }
+    }
+}
