@@ -1243,8 +1243,8 @@ async fn restart_case(
     }
     let fill_s = fill.elapsed().as_secs_f64();
     let stored = ps.stats().await?.remove(0).tables[0].rows;
-    // What the filled shard held in memory with its 256 MiB cache: the budget plus the
-    // margin (RocksDB's memtables and block cache, buffers), whatever the rows stored.
+    // What the filled shard holds in memory with its 256 MiB row cache: the budget plus a
+    // margin (RocksDB's memtables and block cache, buffers) that should not grow with the rows.
     let fill_rss = shard.rss();
     drop(ps);
     shard.svc.kill();

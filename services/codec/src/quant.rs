@@ -42,7 +42,7 @@ pub fn first_non_finite_le(bytes: &[u8]) -> Option<usize> {
             i * BLOCK / 4
                 + block
                     .chunks_exact(4)
-                    .position(|b| word(b) & EXP_MASK == EXP_MASK)
+                    .position(|b| non_finite_top_bit(word(b)) >> 31 != 0)
                     .unwrap_or(0)
         })
     })
