@@ -1,5 +1,6 @@
 //! The benchmark as documented: its shards run as `ps-server` processes, and every dense case
-//! reports goodput with the latency of its push+pull pairs.
+//! reports goodput with the latency of its push+pull steps, taken as a push then a pull and
+//! fused.
 
 #[test]
 fn ps_bench_runs_its_shards_as_processes_and_reports_pair_latency() {
@@ -16,6 +17,10 @@ fn ps_bench_runs_its_shards_as_processes_and_reports_pair_latency() {
             "0.2",
             "--warmup",
             "0.1",
+            // A small push log, lapped within the warm-up (each durable case warms up until it
+            // laps the log, or 20 s).
+            "--dense-log-mib",
+            "8",
         ])
         .output()
         .unwrap();
@@ -39,16 +44,27 @@ fn ps_bench_runs_its_shards_as_processes_and_reports_pair_latency() {
         .iter()
         .filter(|l| l["case"] == "dense_push_pull")
         .collect();
-    let layouts: Vec<(u64, u64)> = dense
+    // Each layout's steps as a push then a pull, and fused (`push_pull_dense`).
+    let layouts: Vec<(u64, u64, &str)> = dense
         .iter()
         .map(|l| {
             (
                 l["shards"].as_u64().unwrap(),
                 l["clients"].as_u64().unwrap(),
+                l["step"].as_str().unwrap(),
             )
         })
         .collect();
-    assert_eq!(layouts, [(1, 1), (2, 2)], "{stdout}");
+    assert_eq!(
+        layouts,
+        [
+            (1, 1, "pair"),
+            (1, 1, "fused"),
+            (2, 2, "pair"),
+            (2, 2, "fused")
+        ],
+        "{stdout}"
+    );
     for l in dense {
         assert_eq!(l["shards_in"], "processes", "{l}");
         assert_eq!(l["mode"], "durable", "{l}");
@@ -60,7 +76,18 @@ fn ps_bench_runs_its_shards_as_processes_and_reports_pair_latency() {
         );
         assert!(p50 > 0.0 && p50 <= p99, "{l}");
     }
-    // A layout that is not SHARDSxCLIENTS is refused before anything starts.
+    // A step that is neither is refused before anything starts, as is a layout that is not
+    // SHARDSxCLIENTS.
+    let out = std::process::Command::new(ps_launch::binary("ps-bench").unwrap())
+        .args(["--steps", "pair,both", "--no-sparse"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("neither `pair` nor `fused`"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = std::process::Command::new(ps_launch::binary("ps-bench").unwrap())
         .args(["--layouts", "2by2", "--no-sparse"])
         .output()

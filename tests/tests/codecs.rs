@@ -956,3 +956,120 @@ async fn a_refused_push_gives_its_part_back_and_one_of_unknown_fate_does_not() {
         );
     }
 }
+
+/// `push_pull_dense` pulls each request's chunks once their push is acknowledged: over two
+/// shards and many small requests, every chunk it pulls holds the push itself, exactly as a
+/// push then a pull would read; concurrent clients each see their own pushes; a buffer of the
+/// wrong length is refused before anything is pushed; fp16 pulls come back as `pull_dense`
+/// reads them, and a delta pull codec's pull follows the whole push.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn push_pull_dense_pulls_each_chunk_after_its_own_push() {
+    let cluster = TestCluster::start(2).await;
+    // Requests of at most 8 chunks of 1,000 values: 50 chunks make 7 requests, in flight
+    // at once, so pulls of the first overlap pushes of the last.
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.max_request_bytes = 32_000;
+    let ps = PsClient::connect(cfg.clone()).await.unwrap();
+    let n = 49_500; // the last chunk is short
+    ps.create_table(dense_sgd("pp", &[n as u64], 1.0))
+        .await
+        .unwrap();
+    let g1 = gradient(n, 3);
+    let g2 = gradient(n, 4);
+    ps.push_dense("pp", &g1).await.unwrap();
+    let mut out = vec![9.0f32; n];
+    let summary = ps.push_pull_dense("pp", &g2, &mut out).await.unwrap();
+    assert_eq!(summary.applied_values, n as u64);
+    assert_eq!(summary.duplicates, 0);
+    // SGD with lr 1 from zeros, bit for bit: w = (0 - g1) - g2.
+    let want: Vec<f32> = g1.iter().zip(&g2).map(|(a, b)| (0.0 - a) - b).collect();
+    assert!(out == want, "the pulled tensor is not the pushed one");
+    assert_eq!(ps.pull_dense("pp").await.unwrap(), want);
+
+    // A buffer of another length: refused, nothing pushed, the buffer untouched.
+    let mut short = vec![7.0f32; n - 1];
+    let err = ps.push_pull_dense("pp", &g2, &mut short).await.unwrap_err();
+    assert!(
+        matches!(err, ps_client::ClientError::InvalidInput(_)),
+        "{err}"
+    );
+    assert!(short.iter().all(|v| *v == 7.0));
+    let err = ps
+        .push_pull_dense("pp", &g2[1..], &mut out)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ps_client::ClientError::InvalidInput(_)),
+        "{err}"
+    );
+    assert_eq!(ps.pull_dense("pp").await.unwrap(), want);
+
+    // Two clients at once, pushing 1 and 2 everywhere (exact in f32): after a client's k-th
+    // step every value it pulled holds its own k pushes, whatever the other's did.
+    ps.create_table(dense_sgd("pp2", &[n as u64], 1.0))
+        .await
+        .unwrap();
+    let steps = 20u32;
+    let clients = [1.0f32, 2.0].map(|v| {
+        let cfg = cfg.clone();
+        tokio::spawn(async move {
+            let ps = PsClient::connect(cfg).await.unwrap();
+            let grad = vec![v; n];
+            let mut out = vec![0.0f32; n];
+            for k in 1..=steps {
+                ps.push_pull_dense("pp2", &grad, &mut out).await.unwrap();
+                let own = -(k as f32) * v;
+                let (lo, hi) = out
+                    .iter()
+                    .fold((f32::MAX, f32::MIN), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+                assert!(
+                    hi <= own,
+                    "step {k} of client {v}: a value {hi} lacks its own push"
+                );
+                assert!(lo >= -(steps as f32) * 3.0, "step {k}: {lo}");
+            }
+        })
+    });
+    for c in clients {
+        c.await.unwrap();
+    }
+    assert!(
+        ps.pull_dense("pp2")
+            .await
+            .unwrap()
+            .iter()
+            .all(|v| *v == -(steps as f32) * 3.0)
+    );
+
+    // Pulled in fp16: as `pull_dense` reads the tensor under the same codec.
+    ps.set_table_codec(
+        "pp",
+        TableCodec {
+            pull: PullCodec::F16,
+            ..TableCodec::default()
+        },
+    )
+    .unwrap();
+    ps.push_pull_dense("pp", &g1, &mut out).await.unwrap();
+    assert_eq!(out, ps.pull_dense("pp").await.unwrap());
+    let exact = ps.pull_dense_f32("pp").await.unwrap();
+    assert!(
+        out.iter()
+            .zip(&exact)
+            .all(|(a, b)| *a == half::f16::from_f32(*b).to_f32())
+    );
+
+    // A delta pull codec (all of each chunk's change): the pull follows the whole push and
+    // brings this client's replica to what the shards hold.
+    ps.set_table_codec(
+        "pp",
+        TableCodec {
+            pull: PullCodec::DeltaTopK { ratio: 1.0 },
+            ..TableCodec::default()
+        },
+    )
+    .unwrap();
+    ps.push_pull_dense("pp", &g2, &mut out).await.unwrap();
+    assert_eq!(out, ps.pull_dense_f32("pp").await.unwrap());
+    cluster.stop().await;
+}

@@ -96,6 +96,11 @@ struct Args {
     /// `ps-server` processes.
     #[arg(long)]
     in_process: bool,
+    /// How each dense case's steps run (comma-separated): `pair`, a push then a pull, each
+    /// awaited (`push_dense`, then `pull_dense_into`); `fused`, the SDK's `push_pull_dense`,
+    /// which pulls each request's chunks once their push is acknowledged.
+    #[arg(long, value_delimiter = ',', default_values_t = ["pair".to_owned(), "fused".to_owned()])]
+    steps: Vec<String>,
     /// The dense cases' layouts, shards x clients (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = ["1x1".to_owned(), "2x2".to_owned(), "4x4".to_owned()])]
     layouts: Vec<String>,
@@ -386,6 +391,7 @@ async fn dense_case(
     seconds: f64,
     warmup: Warmup,
     t: &Transport,
+    fused: bool,
 ) -> anyhow::Result<Dense> {
     let mut tasks = Vec::new();
     let start = std::sync::Arc::new(tokio::sync::Barrier::new(clients));
@@ -411,9 +417,17 @@ async fn dense_case(
             let mut w = vec![0.0f32; floats];
             let t = Instant::now();
             let mut pushed = 0u64;
+            let step = async |w: &mut [f32]| -> anyhow::Result<()> {
+                if fused {
+                    ps.push_pull_dense(&name, &grad, w).await?;
+                } else {
+                    ps.push_dense(&name, &grad).await?;
+                    ps.pull_dense_into(&name, w).await?;
+                }
+                Ok(())
+            };
             loop {
-                ps.push_dense(&name, &grad).await?;
-                ps.pull_dense_into(&name, &mut w).await?;
+                step(&mut w).await?;
                 pushed += floats as u64 * 4;
                 if warmup.done(t.elapsed().as_secs_f64(), pushed) {
                     break;
@@ -424,8 +438,7 @@ async fn dense_case(
             let mut pairs = Vec::new();
             while pairs.len() < 3 || t.elapsed().as_secs_f64() < seconds {
                 let pair = Instant::now();
-                ps.push_dense(&name, &grad).await?;
-                ps.pull_dense_into(&name, &mut w).await?;
+                step(&mut w).await?;
                 std::hint::black_box(&w);
                 pairs.push(pair.elapsed().as_secs_f64() * 1e3);
             }
@@ -771,6 +784,13 @@ fn main() -> anyhow::Result<()> {
             .build()?;
         return client_rt.block_on(store_cases(&args));
     }
+    if let Some(s) = args
+        .steps
+        .iter()
+        .find(|s| !matches!(s.as_str(), "pair" | "fused"))
+    {
+        anyhow::bail!("--steps: `{s}` is neither `pair` nor `fused`");
+    }
     let mut layouts = Vec::new();
     for l in &args.layouts {
         let parsed = l
@@ -846,9 +866,9 @@ fn main() -> anyhow::Result<()> {
     } else {
         "processes"
     };
-    let report = |floats: usize, n: u32, clients: usize, mode: &str, d: &Dense| {
+    let report = |floats: usize, n: u32, clients: usize, mode: &str, step: &str, d: &Dense| {
         println!(
-            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"mode\":\"{mode}\",\"transport\":\"{}\",\"shards_in\":\"{shards_in}\",\"rounds\":{},\"goodput_gbps\":{:.3},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
+            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"mode\":\"{mode}\",\"step\":\"{step}\",\"transport\":\"{}\",\"shards_in\":\"{shards_in}\",\"rounds\":{},\"goodput_gbps\":{:.3},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
             transport.name(),
             d.rounds,
             d.gbps,
@@ -880,15 +900,18 @@ fn main() -> anyhow::Result<()> {
             }
             let cluster = Cluster::start(&client_rt, shards(n, durable, sync))?;
             for &floats in &sizes {
-                let d = client_rt.block_on(dense_case(
-                    &cluster.endpoints,
-                    clients,
-                    floats,
-                    seconds,
-                    warm(durable, n, clients),
-                    &transport,
-                ))?;
-                report(floats, n, clients, mode, &d);
+                for step in &args.steps {
+                    let d = client_rt.block_on(dense_case(
+                        &cluster.endpoints,
+                        clients,
+                        floats,
+                        seconds,
+                        warm(durable, n, clients),
+                        &transport,
+                        step == "fused",
+                    ))?;
+                    report(floats, n, clients, mode, step, &d);
+                }
             }
             cluster.stop(&client_rt);
         }
@@ -904,8 +927,9 @@ fn main() -> anyhow::Result<()> {
             seconds,
             warm(true, 1, 1),
             &transport,
+            false,
         ))?;
-        report(floats, 1, 1, "durable+sync", &d);
+        report(floats, 1, 1, "durable+sync", "pair", &d);
         cluster.stop(&client_rt);
     }
     if !args.no_sparse {

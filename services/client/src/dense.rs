@@ -39,6 +39,68 @@ impl PsClient {
         first_chunk: u64,
         grad: &[f32],
     ) -> Result<PushSummary, ClientError> {
+        self.push_dense_then(name, first_chunk, grad, None).await
+    }
+
+    /// Pushes a gradient for the whole dense tensor `name` and pulls the tensor into `out`
+    /// (which must hold exactly its values), as a training step's push and pull: each
+    /// request's chunks are pulled as soon as the shard acknowledged their push, while the
+    /// other requests' pushes are still on their way, so the shards serve pulls while they
+    /// apply pushes instead of the two halves taking turns.
+    ///
+    /// Each chunk pulled holds this push (and whatever else the shard applied before the pull
+    /// reached it), as after [`PsClient::push_dense`] then [`PsClient::pull_dense_into`]; the
+    /// chunks are not pulled at one instant, as they never were across shards. Under a
+    /// delta pull codec the pull follows the whole push. On an error, some requests may have
+    /// been pushed and some chunks pulled: `out` is then partly written.
+    pub async fn push_pull_dense(
+        &self,
+        name: &str,
+        grad: &[f32],
+        out: &mut [f32],
+    ) -> Result<PushSummary, ClientError> {
+        let (spec, shape) = self.dense_spec(name).await?;
+        if out.len() as u64 != shape.len() {
+            return Err(ClientError::InvalidInput(format!(
+                "table `{name}` holds {} values; the buffer holds {}",
+                shape.len(),
+                out.len()
+            )));
+        }
+        if self
+            .inner
+            .codecs
+            .state_of(&spec.name)
+            .codec
+            .pull
+            .delta_ratio()
+            .is_some()
+        {
+            let summary = self.push_dense(name, grad).await?;
+            self.pull_dense_into(name, out).await?;
+            return Ok(summary);
+        }
+        if grad.len() != out.len() {
+            return Err(ClientError::InvalidInput(format!(
+                "table `{name}` holds {} values (shape {:?}); the gradient has {}",
+                shape.len(),
+                shape.shape,
+                grad.len()
+            )));
+        }
+        self.push_dense_then(name, 0, grad, Some(out)).await
+    }
+
+    /// Pushes `grad` for the chunks from `first_chunk` on and, with `pull_into`, pulls each
+    /// request's chunks into their places there once its push is acknowledged (`pull_into`
+    /// then covers the same chunks as `grad`).
+    async fn push_dense_then(
+        &self,
+        name: &str,
+        first_chunk: u64,
+        grad: &[f32],
+        pull_into: Option<&mut [f32]>,
+    ) -> Result<PushSummary, ClientError> {
         let (spec, shape) = self.dense_spec(name).await?;
         // The chunks the gradient covers; it must end on a chunk boundary.
         let mut last = first_chunk;
@@ -139,9 +201,67 @@ impl PsClient {
                 (*shard, (wire, plain, borrowed))
             })
             .collect();
+        // With a pull: each request's chunks, their places in `pull_into`, and how they are
+        // pulled (the table's pull codec, in requests within the client's size).
+        let pull_codec = codec.pull;
+        let accept = pull_codec.encoding();
+        let pull_name = pull_codec.to_string();
+        let max_pulled = ((self.inner.cfg.max_request_bytes as f64
+            / codec.pull_bytes_per_value().max(0.01)) as usize)
+            .max(1);
+        let pulls: Vec<tokio::sync::Mutex<Vec<bulk::Dst<'_>>>> = match pull_into {
+            Some(out) => {
+                let mut places = chunk_places(out, shape.chunk_elems);
+                requests
+                    .iter()
+                    .map(|(_, slices)| {
+                        let dsts = slices
+                            .iter()
+                            .map(|(c, _, _)| {
+                                let place = places
+                                    .get_mut((c - first_chunk) as usize)
+                                    .and_then(Option::take)
+                                    .unwrap_or_default();
+                                (*c, place)
+                            })
+                            .collect();
+                        tokio::sync::Mutex::new(dsts)
+                    })
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let pull_after = |i: usize| {
+            let (table, pull_name, pulls, requests) = (&table, &pull_name, &pulls, &requests);
+            async move {
+                let Some(dsts) = pulls.get(i) else {
+                    return Ok(());
+                };
+                let shard = requests[i].0;
+                let mut dsts = dsts.lock().await;
+                let mut rest: &mut [bulk::Dst<'_>] = &mut dsts;
+                while !rest.is_empty() {
+                    // Chunks up to the pull's size, at least one.
+                    let mut values = 0;
+                    let n = rest
+                        .iter()
+                        .take_while(|(_, d)| {
+                            values += d.len();
+                            values <= max_pulled
+                        })
+                        .count()
+                        .max(1);
+                    let (part, tail) = rest.split_at_mut(n);
+                    self.pull_request(table, pull_name, shard, accept, part)
+                        .await?;
+                    rest = tail;
+                }
+                Ok(())
+            }
+        };
         let results = self
             .inner
-            .push_each(
+            .push_each_then(
                 calls,
                 |mut s, (slices, plain, borrowed), push_id, map_epoch| {
                     let mut req = pb::PushDenseRequest {
@@ -177,8 +297,19 @@ impl PsClient {
                             .map(tonic::Response::into_inner)
                     }
                 },
+                pull_after,
             )
             .await;
+        let mut pulled = None;
+        let results = results
+            .into_iter()
+            .map(|(i, answer, pull)| {
+                if let Some(Err(e)) = pull {
+                    pulled.get_or_insert(e);
+                }
+                (i, answer)
+            })
+            .collect();
         let mut summary = settle(
             results,
             |i| {
@@ -197,7 +328,10 @@ impl PsClient {
             },
         )?;
         summary.sent = sent_positions(requests.iter().flat_map(|(_, slices)| slices));
-        Ok(summary)
+        match pulled {
+            Some(e) => Err(e),
+            None => Ok(summary),
+        }
     }
 
     /// Groups `chunks` by owning shard into requests of at most `max_request_bytes` each, for
@@ -324,19 +458,11 @@ impl PsClient {
         let table = spec.name.to_string();
         // Each chunk's place in `out`, handed to the request that pulls it: answers are
         // decoded (or, by the bulk stream, read) straight into the tensor.
-        let mut places: Vec<Option<&mut [f32]>> = out
-            .chunks_mut(
-                usize::try_from(shape.chunk_elems)
-                    .unwrap_or(usize::MAX)
-                    .max(1),
-            )
-            .map(Some)
-            .collect();
-        let plain = accept == ps_core::Encoding::F32;
+        let mut places = chunk_places(out, shape.chunk_elems);
         let codec_name = codec.pull.to_string();
         let (table_ref, codec_ref) = (&table, &codec_name);
         let pulls = requests.into_iter().map(|(shard, chunks_of)| {
-            let dsts: Vec<bulk::Dst<'_>> = chunks_of
+            let mut dsts: Vec<bulk::Dst<'_>> = chunks_of
                 .iter()
                 .map(|&c| {
                     let place = places
@@ -346,44 +472,9 @@ impl PsClient {
                     (c, place)
                 })
                 .collect();
-            let req = pb::PullDenseRequest {
-                table: table.clone(),
-                chunks: chunks_of,
-                accept: ps_core::payload::encoding_to_pb(accept) as i32,
-                map_epoch: 0,
-                delta: None,
-                trace_context: Default::default(),
-                authorization: String::new(),
-            };
-            let dsts = tokio::sync::Mutex::new(dsts);
             async move {
-                self.inner
-                    .call_shard(shard, |mut s, map_epoch| {
-                        let req = pb::PullDenseRequest {
-                            map_epoch,
-                            ..req.clone()
-                        };
-                        let dsts = &dsts;
-                        async move {
-                            let mut dsts = dsts.lock().await;
-                            if plain
-                                && let Some(bulk) = s.bulk()
-                                && bulk.pull_dense(&req, &mut dsts).await?.is_some()
-                            {
-                                let values: u64 = dsts.iter().map(|(_, d)| d.len() as u64).sum();
-                                self.inner
-                                    .count_pull(table_ref, codec_ref, values * 4, values);
-                                return Ok(Ok(()));
-                            }
-                            s.rediscover_bulk().await;
-                            let resp = s.grpc.pull_dense(req).await?.into_inner();
-                            let (wire, values) = slice_bytes(&resp.slices);
-                            self.inner.count_pull(table_ref, codec_ref, wire, values);
-                            Ok(place_slices(resp.slices, &mut dsts))
-                        }
-                    })
-                    .await?
-                    .map_err(ClientError::Protocol)
+                self.pull_request(table_ref, codec_ref, shard, accept, &mut dsts)
+                    .await
             }
         });
         stream::iter(pulls)
@@ -392,6 +483,64 @@ impl PsClient {
             .await?;
         Ok(())
     }
+
+    /// Pulls the chunks of `dsts` (in order, each into its place) of `table` from `shard`,
+    /// encoded as `accept` (`codec` names it in the metrics): by the shard's bulk stream when
+    /// plain f32 goes there, else through gRPC.
+    async fn pull_request(
+        &self,
+        table: &str,
+        codec: &str,
+        shard: usize,
+        accept: ps_core::Encoding,
+        dsts: &mut [bulk::Dst<'_>],
+    ) -> Result<(), ClientError> {
+        let req = pb::PullDenseRequest {
+            table: table.to_owned(),
+            chunks: dsts.iter().map(|(c, _)| *c).collect(),
+            accept: ps_core::payload::encoding_to_pb(accept) as i32,
+            map_epoch: 0,
+            delta: None,
+            trace_context: Default::default(),
+            authorization: String::new(),
+        };
+        let plain = accept == ps_core::Encoding::F32;
+        let dsts = tokio::sync::Mutex::new(dsts);
+        self.inner
+            .call_shard(shard, |mut s, map_epoch| {
+                let req = pb::PullDenseRequest {
+                    map_epoch,
+                    ..req.clone()
+                };
+                let dsts = &dsts;
+                async move {
+                    let mut dsts = dsts.lock().await;
+                    if plain
+                        && let Some(bulk) = s.bulk()
+                        && bulk.pull_dense(&req, &mut dsts).await?.is_some()
+                    {
+                        let values: u64 = dsts.iter().map(|(_, d)| d.len() as u64).sum();
+                        self.inner.count_pull(table, codec, values * 4, values);
+                        return Ok(Ok(()));
+                    }
+                    s.rediscover_bulk().await;
+                    let resp = s.grpc.pull_dense(req).await?.into_inner();
+                    let (wire, values) = slice_bytes(&resp.slices);
+                    self.inner.count_pull(table, codec, wire, values);
+                    Ok(place_slices(resp.slices, &mut dsts))
+                }
+            })
+            .await?
+            .map_err(ClientError::Protocol)
+    }
+}
+
+/// `out` cut into the places of its chunks (`chunk_elems` values each, the last one short),
+/// each to be taken by the request that pulls it.
+fn chunk_places(out: &mut [f32], chunk_elems: u64) -> Vec<Option<&mut [f32]>> {
+    out.chunks_mut(usize::try_from(chunk_elems).unwrap_or(usize::MAX).max(1))
+        .map(Some)
+        .collect()
 }
 
 /// The bytes of `grad[r]`, as the wire carries f32 (little-endian, as this host's).

@@ -27,13 +27,45 @@ impl Inner {
         F: Fn(Shard, R, pb::PushId, u64) -> Fut,
         Fut: Future<Output = Result<pb::PushResponse, tonic::Status>>,
     {
-        let send = &send;
+        self.push_each_then(requests, send, |_| std::future::ready(Ok(())))
+            .await
+            .into_iter()
+            .map(|(i, answer, _)| (i, answer))
+            .collect()
+    }
+
+    /// [`Inner::push_each`], running `then(i)` as soon as request `i` is acknowledged, within
+    /// the request's place among those in flight (a pull of the chunks it pushed, say, which
+    /// then overlaps the pushes of the others). Each answer comes with what `then` returned,
+    /// `None` for a push that failed.
+    pub(crate) async fn push_each_then<R, F, Fut, G, GFut>(
+        &self,
+        requests: Vec<(usize, R)>,
+        send: F,
+        then: G,
+    ) -> Vec<(
+        usize,
+        Result<pb::PushResponse, ClientError>,
+        Option<Result<(), ClientError>>,
+    )>
+    where
+        R: Clone,
+        F: Fn(Shard, R, pb::PushId, u64) -> Fut,
+        Fut: Future<Output = Result<pb::PushResponse, tonic::Status>>,
+        G: Fn(usize) -> GFut,
+        GFut: Future<Output = Result<(), ClientError>>,
+    {
+        let (send, then) = (&send, &then);
         stream::iter(requests.into_iter().enumerate())
             .map(|(i, (shard, req))| async move {
                 let answer = self
                     .push(shard, |s, id, epoch| send(s, req.clone(), id, epoch))
                     .await;
-                (i, answer)
+                let after = match answer {
+                    Ok(_) => Some(then(i).await),
+                    Err(_) => None,
+                };
+                (i, answer, after)
             })
             .buffer_unordered(self.cfg.max_in_flight)
             .collect()
