@@ -78,24 +78,17 @@ fn ps_bench_runs_its_shards_as_processes_and_reports_pair_latency() {
     }
     // A step that is neither is refused before anything starts, as is a layout that is not
     // SHARDSxCLIENTS.
-    let out = std::process::Command::new(ps_launch::binary("ps-bench").unwrap())
-        .args(["--steps", "pair,both", "--no-sparse"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("neither `pair` nor `fused`"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let out = std::process::Command::new(ps_launch::binary("ps-bench").unwrap())
-        .args(["--layouts", "2by2", "--no-sparse"])
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    assert!(
-        String::from_utf8_lossy(&out.stderr).contains("not SHARDSxCLIENTS"),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for (args, refusal) in [
+        (["--steps", "pair,both"], "neither `pair` nor `fused`"),
+        (["--layouts", "2by2"], "not SHARDSxCLIENTS"),
+    ] {
+        let out = std::process::Command::new(ps_launch::binary("ps-bench").unwrap())
+            .args(args)
+            .arg("--no-sparse")
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(refusal), "{stderr}");
+    }
 }
