@@ -215,17 +215,8 @@ impl PsClient {
                 requests
                     .iter()
                     .map(|(_, slices)| {
-                        let dsts = slices
-                            .iter()
-                            .map(|(c, _, _)| {
-                                let place = places
-                                    .get_mut((c - first_chunk) as usize)
-                                    .and_then(Option::take)
-                                    .unwrap_or_default();
-                                (*c, place)
-                            })
-                            .collect();
-                        tokio::sync::Mutex::new(dsts)
+                        let chunks = slices.iter().map(|(c, _, _)| *c);
+                        tokio::sync::Mutex::new(take_places(&mut places, first_chunk, chunks))
                     })
                     .collect()
             }
@@ -462,16 +453,7 @@ impl PsClient {
         let codec_name = codec.pull.to_string();
         let (table_ref, codec_ref) = (&table, &codec_name);
         let pulls = requests.into_iter().map(|(shard, chunks_of)| {
-            let mut dsts: Vec<bulk::Dst<'_>> = chunks_of
-                .iter()
-                .map(|&c| {
-                    let place = places
-                        .get_mut((c - chunks.start) as usize)
-                        .and_then(Option::take)
-                        .unwrap_or_default();
-                    (c, place)
-                })
-                .collect();
+            let mut dsts = take_places(&mut places, chunks.start, chunks_of);
             async move {
                 self.pull_request(table_ref, codec_ref, shard, accept, &mut dsts)
                     .await
@@ -533,6 +515,25 @@ impl PsClient {
             .await?
             .map_err(ClientError::Protocol)
     }
+}
+
+/// The places of `chunks` taken out of `places` (which start at chunk `first`), each with its
+/// chunk, for the request that fills them.
+fn take_places<'a>(
+    places: &mut [Option<&'a mut [f32]>],
+    first: u64,
+    chunks: impl IntoIterator<Item = u64>,
+) -> Vec<bulk::Dst<'a>> {
+    chunks
+        .into_iter()
+        .map(|c| {
+            let place = places
+                .get_mut((c - first) as usize)
+                .and_then(Option::take)
+                .unwrap_or_default();
+            (c, place)
+        })
+        .collect()
 }
 
 /// `out` cut into the places of its chunks (`chunk_elems` values each, the last one short),
