@@ -35,9 +35,11 @@
 //! by `dense_log_mib`), so that data directories written before read the same.
 
 use std::fs::{File, OpenOptions};
+use std::io::IoSlice;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
+use bytes::Bytes;
 use ps_core::PushId;
 
 /// The push log's errors.
@@ -123,8 +125,15 @@ pub struct PushLog {
     rows_tail: u64,
     /// Where the record being built goes, fixed when it begins (its rows are stamped with it).
     at: u64,
-    /// The record being built, kept between groups so its pages stay allocated.
+    /// The record being built, kept between groups so its pages stay allocated; the
+    /// gradients in `shared` are not in it.
     buf: Vec<u8>,
+    /// Gradients the record holds as the pushes brought them ([`PushLog::chunk_shared`]):
+    /// each with the offset in `buf` where it goes. They are checksummed and written from
+    /// where they are, never copied into `buf`.
+    shared: Vec<(usize, Bytes)>,
+    /// Bytes in `shared`.
+    shared_len: usize,
     entries: u32,
     entry_at: Option<usize>,
     /// What the record being built holds.
@@ -226,6 +235,8 @@ impl PushLog {
             rows_tail: 0,
             at: 0,
             buf: Vec::new(),
+            shared: Vec::new(),
+            shared_len: 0,
             entries: 0,
             entry_at: None,
             kind: Kind::Pushes,
@@ -324,6 +335,8 @@ impl PushLog {
         self.buf.clear();
         self.buf.reserve(usize::try_from(len).unwrap_or(0));
         self.buf.resize(HEADER, 0);
+        self.shared.clear();
+        self.shared_len = 0;
         self.entries = 0;
         self.entry_at = None;
         self.kind = Kind::Pushes;
@@ -384,17 +397,34 @@ impl PushLog {
     /// returns where the record holds it: every field before it is a multiple of 4 bytes, so
     /// the copy is 4-byte aligned and the caller can apply the gradient from it.
     pub fn chunk(&mut self, index: u64, grad: &[u8]) -> &[u8] {
-        let Some(at) = self.entry_at else {
+        if !self.chunk_head(index, grad.len()) {
             return &[];
+        }
+        let start = self.buf.len();
+        self.buf.extend_from_slice(grad);
+        &self.buf[start..]
+    }
+
+    /// [`PushLog::chunk`] without the copy: the record holds `grad` (a push's received
+    /// bytes, which never change) and writes it from where it is at [`PushLog::commit`].
+    pub fn chunk_shared(&mut self, index: u64, grad: &Bytes) {
+        if self.chunk_head(index, grad.len()) {
+            self.shared.push((self.buf.len(), grad.clone()));
+            self.shared_len += grad.len();
+        }
+    }
+
+    /// A chunk's index and value count in the current push's entry; false outside one.
+    fn chunk_head(&mut self, index: u64, grad_bytes: usize) -> bool {
+        let Some(at) = self.entry_at else {
+            return false;
         };
         let count = u32_at(&self.buf, at + 4) + 1;
         self.buf[at + 4..at + 8].copy_from_slice(&count.to_le_bytes());
         self.buf.extend_from_slice(&index.to_le_bytes());
-        let values = u32::try_from(grad.len() / 4).unwrap_or(u32::MAX);
+        let values = u32::try_from(grad_bytes / 4).unwrap_or(u32::MAX);
         self.buf.extend_from_slice(&values.to_le_bytes());
-        let start = self.buf.len();
-        self.buf.extend_from_slice(grad);
-        &self.buf[start..]
+        true
     }
 
     /// Adds one sparse row's gradient (little-endian f32 bytes) to the current push's entry;
@@ -437,7 +467,22 @@ impl PushLog {
 
     /// Bytes of the record being built.
     pub fn pending(&self) -> u64 {
-        self.buf.len() as u64
+        (self.buf.len() + self.shared_len) as u64
+    }
+
+    /// The record being built, in order: `buf` with the shared gradients where they go. The
+    /// first part starts with the record's header.
+    fn parts(&self) -> Vec<&[u8]> {
+        let mut parts = Vec::with_capacity(2 * self.shared.len() + 1);
+        let mut from = 0;
+        for (at, grad) in &self.shared {
+            parts.push(&self.buf[from..*at]);
+            parts.push(&grad[..]);
+            from = *at;
+        }
+        parts.push(&self.buf[from..]);
+        parts.retain(|p| !p.is_empty());
+        parts
     }
 
     /// Where the record being built goes: what its rows are stamped with (plus one, so that
@@ -451,7 +496,7 @@ impl PushLog {
     /// [`PushLog::head`]).
     pub fn commit(&mut self) -> Result<u64, PushLogError> {
         let entries = self.entries;
-        let len = self.buf.len() as u64;
+        let len = self.pending();
         let pos = self.at;
         if pos % self.capacity + len > self.capacity || pos + len - self.tail() > self.capacity {
             return Err(PushLogError::Corrupt {
@@ -466,9 +511,15 @@ impl PushLog {
         self.buf[8..16].copy_from_slice(&pos.to_le_bytes());
         self.buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
         self.buf[20..24].copy_from_slice(&entries.to_le_bytes());
-        let crc = crc32fast::hash(&self.buf[8..]);
-        self.buf[4..8].copy_from_slice(&crc.to_le_bytes());
-        self.file.write_all_at(&self.buf, pos % self.capacity)?;
+        let mut crc = crc32fast::Hasher::new();
+        for (i, part) in self.parts().into_iter().enumerate() {
+            // Everything after the magic and the checksum itself.
+            crc.update(if i == 0 { &part[8..] } else { part });
+        }
+        self.buf[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
+        write_parts_at(&self.file, &self.parts(), pos % self.capacity)?;
+        self.shared.clear();
+        self.shared_len = 0;
         if self.sync {
             self.file.sync_data()?;
         }
@@ -553,6 +604,40 @@ impl PushLog {
 
 /// Allocates the file's blocks up front, so that a full disk shows when the shard starts and
 /// not in the middle of a push.
+/// At most this many buffers to one `pwritev` (Linux takes 1024).
+const IOV_BATCH: usize = 512;
+
+/// Writes `parts` one after another at `offset`, with as few system calls as the kernel takes.
+fn write_parts_at(file: &File, parts: &[&[u8]], mut offset: u64) -> std::io::Result<()> {
+    let (mut i, mut done) = (0, 0); // the first part not wholly written, and its bytes written
+    while i < parts.len() {
+        let iov: Vec<IoSlice<'_>> = std::iter::once(&parts[i][done..])
+            .chain(parts[i + 1..].iter().copied())
+            .take(IOV_BATCH)
+            .map(IoSlice::new)
+            .collect();
+        let at = i64::try_from(offset).map_err(std::io::Error::other)?;
+        let mut n = match nix::sys::uio::pwritev(file, &iov, at) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => n,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        offset += n as u64;
+        while n > 0 {
+            let rest = parts[i].len() - done;
+            if n >= rest {
+                n -= rest;
+                (i, done) = (i + 1, 0);
+            } else {
+                done += n;
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
+
 fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     use nix::errno::Errno;
     let len = i64::try_from(len).map_err(std::io::Error::other)?;
@@ -759,6 +844,57 @@ mod tests {
         let end = write(&mut log, 11, 100) % 4096 + 468;
         log.file.write_all_at(&[0xAB; 4], end - 4).unwrap();
         assert_eq!(seqs(&mut open(dir.path(), 4096), snap), vec![9, 10]);
+    }
+
+    #[test]
+    fn shared_gradients_are_written_from_where_they_are_and_replay_as_copied_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(dir.path(), 1 << 20);
+        // More parts than one pwritev takes (two per shared chunk), mixed with copied chunks,
+        // over two pushes; each gradient a slice of one received buffer, as a bulk body is.
+        let chunks = IOV_BATCH + 40;
+        let body: Vec<f32> = (0..chunks * 3).map(|v| v as f32 * 0.5 - 7.0).collect();
+        let body = Bytes::copy_from_slice(bytemuck::cast_slice(&body));
+        log.begin(PushLog::record_len(2, chunks, body.len()));
+        for (seq, range) in [(1, 0..chunks / 2), (2, chunks / 2..chunks)] {
+            log.push(3, &id(seq));
+            for c in range {
+                let grad = body.slice(c * 12..(c + 1) * 12);
+                if c % 5 == 4 {
+                    log.chunk(c as u64, &grad);
+                } else {
+                    log.chunk_shared(c as u64, &grad);
+                }
+            }
+        }
+        assert_eq!(
+            log.pending(),
+            PushLog::record_len(2, chunks, body.len()),
+            "the record is as long as the copied one"
+        );
+        let len = log.commit().unwrap();
+        assert_eq!(log.head(), len);
+        assert!(log.shared.is_empty(), "the received buffers are let go");
+
+        let mut seen = Vec::new();
+        open(dir.path(), 1 << 20)
+            .replay(0, &mut |_, logged| -> Result<(), PushLogError> {
+                let Logged::Pushes(pushes) = logged else {
+                    panic!("a record of pushes");
+                };
+                for p in pushes {
+                    for c in p.chunks {
+                        seen.push((p.push_id.seq, c.index, c.data.to_vec()));
+                    }
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(seen.len(), chunks);
+        for (c, (seq, index, data)) in seen.into_iter().enumerate() {
+            assert_eq!((seq, index), (if c < chunks / 2 { 1 } else { 2 }, c as u64));
+            assert_eq!(data, body[c * 12..(c + 1) * 12], "chunk {c}");
+        }
     }
 
     #[test]
