@@ -132,8 +132,6 @@ pub struct PushLog {
     /// each with the offset in `buf` where it goes. They are checksummed and written from
     /// where they are, never copied into `buf`.
     shared: Vec<(usize, Bytes)>,
-    /// Bytes in `shared`.
-    shared_len: usize,
     entries: u32,
     entry_at: Option<usize>,
     /// What the record being built holds.
@@ -236,7 +234,6 @@ impl PushLog {
             at: 0,
             buf: Vec::new(),
             shared: Vec::new(),
-            shared_len: 0,
             entries: 0,
             entry_at: None,
             kind: Kind::Pushes,
@@ -336,7 +333,6 @@ impl PushLog {
         self.buf.reserve(usize::try_from(len).unwrap_or(0));
         self.buf.resize(HEADER, 0);
         self.shared.clear();
-        self.shared_len = 0;
         self.entries = 0;
         self.entry_at = None;
         self.kind = Kind::Pushes;
@@ -410,7 +406,6 @@ impl PushLog {
     pub fn chunk_shared(&mut self, index: u64, grad: &Bytes) {
         if self.chunk_head(index, grad.len()) {
             self.shared.push((self.buf.len(), grad.clone()));
-            self.shared_len += grad.len();
         }
     }
 
@@ -467,7 +462,8 @@ impl PushLog {
 
     /// Bytes of the record being built.
     pub fn pending(&self) -> u64 {
-        (self.buf.len() + self.shared_len) as u64
+        let shared: usize = self.shared.iter().map(|(_, g)| g.len()).sum();
+        (self.buf.len() + shared) as u64
     }
 
     /// The record being built, in order: `buf` with the shared gradients where they go. The
@@ -519,7 +515,6 @@ impl PushLog {
         self.buf[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
         write_parts_at(&self.file, &self.parts(), pos % self.capacity)?;
         self.shared.clear();
-        self.shared_len = 0;
         if self.sync {
             self.file.sync_data()?;
         }
@@ -602,8 +597,6 @@ impl PushLog {
     }
 }
 
-/// Allocates the file's blocks up front, so that a full disk shows when the shard starts and
-/// not in the middle of a push.
 /// At most this many buffers to one `pwritev` (Linux takes 1024).
 const IOV_BATCH: usize = 512;
 
@@ -638,6 +631,8 @@ fn write_parts_at(file: &File, parts: &[&[u8]], mut offset: u64) -> std::io::Res
     Ok(())
 }
 
+/// Allocates the file's blocks up front, so that a full disk shows when the shard starts and
+/// not in the middle of a push.
 fn reserve(file: &File, len: u64) -> std::io::Result<()> {
     use nix::errno::Errno;
     let len = i64::try_from(len).map_err(std::io::Error::other)?;

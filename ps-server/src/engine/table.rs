@@ -252,11 +252,18 @@ impl Table {
         optim::apply(&self.spec.optimizer, w, state, &mut cell.step, grad);
     }
 
-    /// Applies a gradient given as little-endian f32 bytes, through `grad`.
+    /// Applies a gradient given as little-endian f32 bytes: in place where they are aligned,
+    /// else decoded into `grad` first.
     pub(super) fn apply_le(&self, cell: &mut Cell, bytes: &[u8], grad: &mut Vec<f32>) {
-        grad.resize(bytes.len() / 4, 0.0);
-        ps_core::payload::read_f32_le(bytes, grad);
-        self.apply_grad(cell, grad);
+        match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+            // In place where the bytes are aligned (a bulk stream's body is).
+            Ok(g) if cfg!(target_endian = "little") => self.apply_grad(cell, g),
+            _ => {
+                grad.resize(bytes.len() / 4, 0.0);
+                ps_core::payload::read_f32_le(bytes, grad);
+                self.apply_grad(cell, grad);
+            }
+        }
     }
 
     /// Puts one dense chunk's parameters and optimizer state into `batch`: two entries, since

@@ -339,17 +339,13 @@ impl<S: Store> Inner<S> {
                     continue;
                 }
                 let mut cell = cell.write();
-                // The gradient is applied from the received bytes: in place where they are
-                // aligned (a bulk stream's body is), else decoded. A log's record holds those
-                // same bytes, written from where they are at commit; without a log the
+                // The gradient is applied from the received bytes; a log's record holds
+                // those same bytes, written from where they are at commit. Without a log the
                 // updated cell goes into the batch.
                 if let Some(log) = log.as_deref_mut() {
                     log.chunk_shared(chunk - 1, part.data());
                 }
-                match bytemuck::try_cast_slice::<u8, f32>(part.data()) {
-                    Ok(g) if cfg!(target_endian = "little") => table.apply_grad(&mut cell, g),
-                    _ => table.apply_le(&mut cell, part.data(), &mut grad),
-                }
+                table.apply_le(&mut cell, part.data(), &mut grad);
                 if log.is_none() {
                     table.put_chunk(chunk - 1, &cell, batch, &mut scratch);
                 }
