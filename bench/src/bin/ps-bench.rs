@@ -104,6 +104,13 @@ struct Args {
     /// The dense cases' layouts, shards x clients (comma-separated).
     #[arg(long, value_delimiter = ',', default_values_t = ["1x1".to_owned(), "2x2".to_owned(), "4x4".to_owned()])]
     layouts: Vec<String>,
+    /// ps-lite's side of each dense case, in the same run: a `pslite-dense` program that
+    /// `scripts/pslite-bench.sh` builds (repeatable: one per build of ps-lite). Each layout's
+    /// dense cases then start with ps-lite's (scheduler, servers and workers as processes on
+    /// 127.0.0.1, ZeroMQ van), reported as `pslite_dense` lines named by the program's file
+    /// name, and each of ours gives its `ratio_pslite` against the fastest of them.
+    #[arg(long, value_name = "BIN")]
+    pslite: Vec<std::path::PathBuf>,
 }
 
 /// `iperf3` (a 1 MiB-write TCP stream on 127.0.0.1 for three seconds) when it is installed:
@@ -462,6 +469,116 @@ async fn dense_case(
     })
 }
 
+/// ps-lite's side of a dense case (`--pslite`): a scheduler, `servers` servers and `workers`
+/// workers of `bin` (bench/pslite/pslite_dense.cc) on 127.0.0.1, each worker stepping on its
+/// own tensor of `floats` floats split into one key per server; the same measure as
+/// [`dense_case`] (pushed plus pulled bytes of all workers, each step's latency).
+fn pslite_case(
+    bin: &std::path::Path,
+    servers: u32,
+    workers: usize,
+    floats: usize,
+    seconds: f64,
+    warmup: f64,
+    step: &str,
+) -> anyhow::Result<Dense> {
+    use std::process::{Command, Stdio};
+    let port = StdListener::bind("127.0.0.1:0")?.local_addr()?.port();
+    let spawn = |role: &str, out: Stdio| {
+        Command::new(bin)
+            .args([
+                floats.to_string(),
+                seconds.to_string(),
+                warmup.to_string(),
+                step.to_owned(),
+            ])
+            .env("DMLC_ROLE", role)
+            .env("DMLC_NUM_SERVER", servers.to_string())
+            .env("DMLC_NUM_WORKER", workers.to_string())
+            .env("DMLC_PS_ROOT_URI", "127.0.0.1")
+            .env("DMLC_PS_ROOT_PORT", port.to_string())
+            .env("DMLC_NODE_HOST", "127.0.0.1")
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| anyhow::anyhow!("--pslite {}: {e}", bin.display()))
+    };
+    let mut nodes: Vec<(&str, std::process::Child)> = Vec::new();
+    let mut readers = Vec::new();
+    let mut start = || -> anyhow::Result<()> {
+        nodes.push(("scheduler", spawn("scheduler", Stdio::null())?));
+        for _ in 0..servers {
+            nodes.push(("server", spawn("server", Stdio::null())?));
+        }
+        for _ in 0..workers {
+            let mut w = spawn("worker", Stdio::piped())?;
+            let mut out = w.stdout.take().expect("piped");
+            nodes.push(("worker", w));
+            readers.push(std::thread::spawn(move || {
+                let mut s = String::new();
+                out.read_to_string(&mut s).map(|_| s)
+            }));
+        }
+        Ok(())
+    };
+    let mut failed = start().err().map(|e| format!("{e:#}"));
+    // Every node leaves after the workers' final barrier; one that has not by the deadline
+    // (a node that failed leaves the others waiting) is killed, and the case fails.
+    let deadline = Instant::now() + std::time::Duration::from_secs_f64(warmup + seconds + 60.0);
+    for (role, p) in &mut nodes {
+        let status = loop {
+            if failed.is_some() {
+                break None;
+            }
+            if let Some(st) = p.try_wait()? {
+                break Some(st);
+            }
+            if Instant::now() >= deadline {
+                failed = Some(format!("a ps-lite {role} did not finish in time"));
+                break None;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        if let Some(st) = status.filter(|st| !st.success()) {
+            failed = Some(format!("a ps-lite {role} exited with {st}"));
+        }
+    }
+    for (_, p) in &mut nodes {
+        let _ = p.kill();
+        let _ = p.wait();
+    }
+    let lines: Vec<String> = readers
+        .into_iter()
+        .map(|r| r.join().unwrap_or_else(|_| Ok(String::new())))
+        .collect::<Result<_, _>>()?;
+    if let Some(f) = failed {
+        anyhow::bail!("{f}; run {} by hand to see its log", bin.display());
+    }
+    let mut bytes = 0.0;
+    let mut elapsed: f64 = 0.0;
+    let mut pairs = Vec::new();
+    for s in lines {
+        let v: serde_json::Value = serde_json::from_str(s.trim())?;
+        let p: Vec<f64> = v["pairs_ms"]
+            .as_array()
+            .ok_or_else(|| anyhow::anyhow!("a ps-lite worker's line has no pairs_ms: {s}"))?
+            .iter()
+            .filter_map(serde_json::Value::as_f64)
+            .collect();
+        bytes += (p.len() * floats * 4 * 2) as f64;
+        elapsed = elapsed.max(v["elapsed_s"].as_f64().unwrap_or(f64::NAN));
+        pairs.extend(p);
+    }
+    anyhow::ensure!(elapsed > 0.0, "ps-lite's workers reported no elapsed time");
+    Ok(Dense {
+        gbps: bytes / elapsed / 1e9,
+        rounds: pairs.len(),
+        p50_ms: quantile(&mut pairs, 0.5),
+        p99_ms: quantile(&mut pairs, 0.99),
+    })
+}
+
 /// How long a dense case warms up: at least `seconds`, and until each client pushed
 /// `lap_bytes` (its share of a lap through every shard's push log: a new log's first lap is
 /// slower, as the kernel allocates its pages and, with `--sync`, converts its extents), for
@@ -768,6 +885,13 @@ fn main() -> anyhow::Result<()> {
     );
     // A malformed setting is refused here, before the limits and cases take their minutes.
     rocksdb_config(None, &args.rocksdb)?;
+    for bin in &args.pslite {
+        anyhow::ensure!(
+            bin.is_file(),
+            "--pslite {}: no such program (scripts/pslite-bench.sh --build-only builds it)",
+            bin.display()
+        );
+    }
     if let Some(limit) = args.flood {
         let client_rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -866,9 +990,21 @@ fn main() -> anyhow::Result<()> {
     } else {
         "processes"
     };
-    let report = |floats: usize, n: u32, clients: usize, mode: &str, step: &str, d: &Dense| {
+    // ps-lite's best goodput of this layout's cases (--pslite), by floats and step.
+    let mut pslite: std::collections::HashMap<(usize, String), f64> = Default::default();
+    let report = |pslite: &std::collections::HashMap<(usize, String), f64>,
+                  floats: usize,
+                  n: u32,
+                  clients: usize,
+                  mode: &str,
+                  step: &str,
+                  d: &Dense| {
+        let vs_pslite = pslite
+            .get(&(floats, step.to_owned()))
+            .map(|g| format!(",\"ratio_pslite\":{:.3}", d.gbps / g))
+            .unwrap_or_default();
         println!(
-            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"mode\":\"{mode}\",\"step\":\"{step}\",\"transport\":\"{}\",\"shards_in\":\"{shards_in}\",\"rounds\":{},\"goodput_gbps\":{:.3},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}}}",
+            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"mode\":\"{mode}\",\"step\":\"{step}\",\"transport\":\"{}\",\"shards_in\":\"{shards_in}\",\"rounds\":{},\"goodput_gbps\":{:.3},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}{vs_pslite}}}",
             transport.name(),
             d.rounds,
             d.gbps,
@@ -894,6 +1030,43 @@ fn main() -> anyhow::Result<()> {
     };
     let modes: &[(&str, bool, bool)] = &[("durable", true, false), ("memory", false, false)];
     for &(n, clients) in &layouts {
+        pslite.clear();
+        for bin in &args.pslite {
+            let build = bin.file_name().unwrap_or_default().to_string_lossy();
+            for &floats in &sizes {
+                for step in &args.steps {
+                    // ps-lite's nodes now and then hang at start-up or at the final barrier
+                    // (a case left waiting past its deadline is killed): such a case is run
+                    // again, up to three times, and then reported as failed.
+                    let mut tries = 0;
+                    let d = loop {
+                        tries += 1;
+                        match pslite_case(bin, n, clients, floats, seconds, warmup, step) {
+                            Ok(d) => break Some(d),
+                            Err(e) if tries < 3 => eprintln!("ps-bench: {e:#}; running it again"),
+                            Err(e) => {
+                                let e = format!("{e:#}").replace('"', "'");
+                                println!(
+                                    "{{\"case\":\"pslite_dense\",\"build\":\"{build}\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"step\":\"{step}\",\"error\":\"{e}\"}}"
+                                );
+                                break None;
+                            }
+                        }
+                    };
+                    let Some(d) = d else { continue };
+                    println!(
+                        "{{\"case\":\"pslite_dense\",\"build\":\"{build}\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"step\":\"{step}\",\"rounds\":{},\"goodput_gbps\":{:.5},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3}}}",
+                        d.rounds,
+                        d.gbps,
+                        d.p50_ms,
+                        d.p99_ms,
+                        d.gbps / limit
+                    );
+                    let best = pslite.entry((floats, step.clone())).or_insert(0.0);
+                    *best = best.max(d.gbps);
+                }
+            }
+        }
         for &(mode, durable, sync) in modes {
             if args.mode.as_deref().is_some_and(|m| m != mode) {
                 continue;
@@ -910,7 +1083,7 @@ fn main() -> anyhow::Result<()> {
                         &transport,
                         step == "fused",
                     ))?;
-                    report(floats, n, clients, mode, step, &d);
+                    report(&pslite, floats, n, clients, mode, step, &d);
                 }
             }
             cluster.stop(&client_rt);
@@ -929,7 +1102,15 @@ fn main() -> anyhow::Result<()> {
             &transport,
             false,
         ))?;
-        report(floats, 1, 1, "durable+sync", "pair", &d);
+        report(
+            &Default::default(),
+            floats,
+            1,
+            1,
+            "durable+sync",
+            "pair",
+            &d,
+        );
         cluster.stop(&client_rt);
     }
     if !args.no_sparse {
