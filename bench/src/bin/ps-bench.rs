@@ -452,21 +452,11 @@ async fn dense_case(
             Ok::<_, anyhow::Error>((pairs, t.elapsed().as_secs_f64()))
         }));
     }
-    let mut bytes = 0.0;
-    let mut elapsed: f64 = 0.0;
-    let mut pairs = Vec::new();
+    let mut clients = Vec::new();
     for t in tasks {
-        let (p, e) = t.await??;
-        bytes += (p.len() * floats * 4 * 2) as f64;
-        elapsed = elapsed.max(e);
-        pairs.extend(p);
+        clients.push(t.await??);
     }
-    Ok(Dense {
-        gbps: bytes / elapsed / 1e9,
-        rounds: pairs.len(),
-        p50_ms: quantile(&mut pairs, 0.5),
-        p99_ms: quantile(&mut pairs, 0.99),
-    })
+    Ok(Dense::of(floats, clients))
 }
 
 /// ps-lite's side of a dense case (`--pslite`): a scheduler, `servers` servers and `workers`
@@ -555,9 +545,7 @@ fn pslite_case(
     if let Some(f) = failed {
         anyhow::bail!("{f}; run {} by hand to see its log", bin.display());
     }
-    let mut bytes = 0.0;
-    let mut elapsed: f64 = 0.0;
-    let mut pairs = Vec::new();
+    let mut timed = Vec::new();
     for s in lines {
         let v: serde_json::Value = serde_json::from_str(s.trim())?;
         let p: Vec<f64> = v["pairs_ms"]
@@ -566,17 +554,35 @@ fn pslite_case(
             .iter()
             .filter_map(serde_json::Value::as_f64)
             .collect();
-        bytes += (p.len() * floats * 4 * 2) as f64;
-        elapsed = elapsed.max(v["elapsed_s"].as_f64().unwrap_or(f64::NAN));
-        pairs.extend(p);
+        let elapsed = v["elapsed_s"].as_f64().unwrap_or(0.0);
+        anyhow::ensure!(
+            elapsed > 0.0,
+            "a ps-lite worker reported no elapsed time: {s}"
+        );
+        timed.push((p, elapsed));
     }
-    anyhow::ensure!(elapsed > 0.0, "ps-lite's workers reported no elapsed time");
-    Ok(Dense {
-        gbps: bytes / elapsed / 1e9,
-        rounds: pairs.len(),
-        p50_ms: quantile(&mut pairs, 0.5),
-        p99_ms: quantile(&mut pairs, 0.99),
-    })
+    Ok(Dense::of(floats, timed))
+}
+
+/// [`pslite_case`], run again when it fails (ps-lite's nodes now and then hang at start-up or
+/// at the final barrier, and are killed at the case's deadline), up to three times.
+fn pslite_case_retried(
+    bin: &std::path::Path,
+    servers: u32,
+    workers: usize,
+    floats: usize,
+    seconds: f64,
+    warmup: f64,
+    step: &str,
+) -> anyhow::Result<Dense> {
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match pslite_case(bin, servers, workers, floats, seconds, warmup, step) {
+            Err(e) if tries < 3 => eprintln!("ps-bench: {e:#}; running it again"),
+            done => return done,
+        }
+    }
 }
 
 /// How long a dense case warms up: at least `seconds`, and until each client pushed
@@ -606,6 +612,26 @@ struct Dense {
     rounds: usize,
     p50_ms: f64,
     p99_ms: f64,
+}
+
+impl Dense {
+    /// From each client's step latencies (ms) and timed seconds, on tensors of `floats`.
+    fn of(floats: usize, clients: Vec<(Vec<f64>, f64)>) -> Self {
+        let mut bytes = 0.0;
+        let mut elapsed: f64 = 0.0;
+        let mut pairs = Vec::new();
+        for (p, e) in clients {
+            bytes += (p.len() * floats * 4 * 2) as f64;
+            elapsed = elapsed.max(e);
+            pairs.extend(p);
+        }
+        Dense {
+            gbps: bytes / elapsed / 1e9,
+            rounds: pairs.len(),
+            p50_ms: quantile(&mut pairs, 0.5),
+            p99_ms: quantile(&mut pairs, 0.99),
+        }
+    }
 }
 
 /// The sparse cases' table: dim 64, Adagrad, evicting rows by `ttl_seconds` and `max_rows`
@@ -992,15 +1018,14 @@ fn main() -> anyhow::Result<()> {
     };
     // ps-lite's best goodput of this layout's cases (--pslite), by floats and step.
     let mut pslite: std::collections::HashMap<(usize, String), f64> = Default::default();
-    let report = |pslite: &std::collections::HashMap<(usize, String), f64>,
-                  floats: usize,
+    let report = |floats: usize,
                   n: u32,
                   clients: usize,
                   mode: &str,
                   step: &str,
-                  d: &Dense| {
+                  d: &Dense,
+                  pslite: Option<f64>| {
         let vs_pslite = pslite
-            .get(&(floats, step.to_owned()))
             .map(|g| format!(",\"ratio_pslite\":{:.3}", d.gbps / g))
             .unwrap_or_default();
         println!(
@@ -1035,25 +1060,18 @@ fn main() -> anyhow::Result<()> {
             let build = bin.file_name().unwrap_or_default().to_string_lossy();
             for &floats in &sizes {
                 for step in &args.steps {
-                    // ps-lite's nodes now and then hang at start-up or at the final barrier
-                    // (a case left waiting past its deadline is killed): such a case is run
-                    // again, up to three times, and then reported as failed.
-                    let mut tries = 0;
-                    let d = loop {
-                        tries += 1;
-                        match pslite_case(bin, n, clients, floats, seconds, warmup, step) {
-                            Ok(d) => break Some(d),
-                            Err(e) if tries < 3 => eprintln!("ps-bench: {e:#}; running it again"),
-                            Err(e) => {
-                                let e = format!("{e:#}").replace('"', "'");
-                                println!(
-                                    "{{\"case\":\"pslite_dense\",\"build\":\"{build}\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"step\":\"{step}\",\"error\":\"{e}\"}}"
-                                );
-                                break None;
-                            }
+                    let d = match pslite_case_retried(
+                        bin, n, clients, floats, seconds, warmup, step,
+                    ) {
+                        Ok(d) => d,
+                        Err(e) => {
+                            let e = format!("{e:#}").replace('"', "'");
+                            println!(
+                                "{{\"case\":\"pslite_dense\",\"build\":\"{build}\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"step\":\"{step}\",\"error\":\"{e}\"}}"
+                            );
+                            continue;
                         }
                     };
-                    let Some(d) = d else { continue };
                     println!(
                         "{{\"case\":\"pslite_dense\",\"build\":\"{build}\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"step\":\"{step}\",\"rounds\":{},\"goodput_gbps\":{:.5},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3}}}",
                         d.rounds,
@@ -1083,7 +1101,8 @@ fn main() -> anyhow::Result<()> {
                         &transport,
                         step == "fused",
                     ))?;
-                    report(&pslite, floats, n, clients, mode, step, &d);
+                    let vs = pslite.get(&(floats, step.clone())).copied();
+                    report(floats, n, clients, mode, step, &d, vs);
                 }
             }
             cluster.stop(&client_rt);
@@ -1102,15 +1121,7 @@ fn main() -> anyhow::Result<()> {
             &transport,
             false,
         ))?;
-        report(
-            &Default::default(),
-            floats,
-            1,
-            1,
-            "durable+sync",
-            "pair",
-            &d,
-        );
+        report(floats, 1, 1, "durable+sync", "pair", &d, None);
         cluster.stop(&client_rt);
     }
     if !args.no_sparse {
