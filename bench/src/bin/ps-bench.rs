@@ -463,125 +463,130 @@ async fn dense_case(
 /// workers of `bin` (bench/pslite/pslite_dense.cc) on 127.0.0.1, each worker stepping on its
 /// own tensor of `floats` floats split into one key per server; the same measure as
 /// [`dense_case`] (pushed plus pulled bytes of all workers, each step's latency).
-fn pslite_case(
-    bin: &std::path::Path,
+struct PsliteCase<'a> {
+    bin: &'a std::path::Path,
     servers: u32,
     workers: usize,
     floats: usize,
     seconds: f64,
     warmup: f64,
-    step: &str,
-) -> anyhow::Result<Dense> {
-    use std::process::{Command, Stdio};
-    let port = StdListener::bind("127.0.0.1:0")?.local_addr()?.port();
-    let spawn = |role: &str, out: Stdio| {
-        Command::new(bin)
-            .args([
-                floats.to_string(),
-                seconds.to_string(),
-                warmup.to_string(),
-                step.to_owned(),
-            ])
-            .env("DMLC_ROLE", role)
-            .env("DMLC_NUM_SERVER", servers.to_string())
-            .env("DMLC_NUM_WORKER", workers.to_string())
-            .env("DMLC_PS_ROOT_URI", "127.0.0.1")
-            .env("DMLC_PS_ROOT_PORT", port.to_string())
-            .env("DMLC_NODE_HOST", "127.0.0.1")
-            .stdin(Stdio::null())
-            .stdout(out)
-            .stderr(Stdio::null())
-            .spawn()
-            .map_err(|e| anyhow::anyhow!("--pslite {}: {e}", bin.display()))
-    };
-    let mut nodes: Vec<(&str, std::process::Child)> = Vec::new();
-    let mut readers = Vec::new();
-    let mut start = || -> anyhow::Result<()> {
-        nodes.push(("scheduler", spawn("scheduler", Stdio::null())?));
-        for _ in 0..servers {
-            nodes.push(("server", spawn("server", Stdio::null())?));
-        }
-        for _ in 0..workers {
-            let mut w = spawn("worker", Stdio::piped())?;
-            let mut out = w.stdout.take().expect("piped");
-            nodes.push(("worker", w));
-            readers.push(std::thread::spawn(move || {
-                let mut s = String::new();
-                out.read_to_string(&mut s).map(|_| s)
-            }));
-        }
-        Ok(())
-    };
-    let mut failed = start().err().map(|e| format!("{e:#}"));
-    // Every node leaves after the workers' final barrier; one that has not by the deadline
-    // (a node that failed leaves the others waiting) is killed, and the case fails.
-    let deadline = Instant::now() + std::time::Duration::from_secs_f64(warmup + seconds + 60.0);
-    for (role, p) in &mut nodes {
-        let status = loop {
-            if failed.is_some() {
-                break None;
-            }
-            if let Some(st) = p.try_wait()? {
-                break Some(st);
-            }
-            if Instant::now() >= deadline {
-                failed = Some(format!("a ps-lite {role} did not finish in time"));
-                break None;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
-        };
-        if let Some(st) = status.filter(|st| !st.success()) {
-            failed = Some(format!("a ps-lite {role} exited with {st}"));
-        }
-    }
-    for (_, p) in &mut nodes {
-        let _ = p.kill();
-        let _ = p.wait();
-    }
-    let lines: Vec<String> = readers
-        .into_iter()
-        .map(|r| r.join().unwrap_or_else(|_| Ok(String::new())))
-        .collect::<Result<_, _>>()?;
-    if let Some(f) = failed {
-        anyhow::bail!("{f}; run {} by hand to see its log", bin.display());
-    }
-    let mut timed = Vec::new();
-    for s in lines {
-        let v: serde_json::Value = serde_json::from_str(s.trim())?;
-        let p: Vec<f64> = v["pairs_ms"]
-            .as_array()
-            .ok_or_else(|| anyhow::anyhow!("a ps-lite worker's line has no pairs_ms: {s}"))?
-            .iter()
-            .filter_map(serde_json::Value::as_f64)
-            .collect();
-        let elapsed = v["elapsed_s"].as_f64().unwrap_or(0.0);
-        anyhow::ensure!(
-            elapsed > 0.0,
-            "a ps-lite worker reported no elapsed time: {s}"
-        );
-        timed.push((p, elapsed));
-    }
-    Ok(Dense::of(floats, timed))
+    step: &'a str,
 }
 
-/// [`pslite_case`], run again when it fails (ps-lite's nodes now and then hang at start-up or
-/// at the final barrier, and are killed at the case's deadline), up to three times.
-fn pslite_case_retried(
-    bin: &std::path::Path,
-    servers: u32,
-    workers: usize,
-    floats: usize,
-    seconds: f64,
-    warmup: f64,
-    step: &str,
-) -> anyhow::Result<Dense> {
-    let mut tries = 0;
-    loop {
-        tries += 1;
-        match pslite_case(bin, servers, workers, floats, seconds, warmup, step) {
-            Err(e) if tries < 3 => eprintln!("ps-bench: {e:#}; running it again"),
-            done => return done,
+impl PsliteCase<'_> {
+    /// The case, run again when it fails (ps-lite's nodes now and then hang at start-up or at
+    /// the final barrier, and are killed at the case's deadline), up to three times.
+    fn run(&self) -> anyhow::Result<Dense> {
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self.run_once() {
+                Err(e) if tries < 3 => eprintln!("ps-bench: {e:#}; running it again"),
+                done => return done,
+            }
         }
+    }
+
+    fn run_once(&self) -> anyhow::Result<Dense> {
+        use std::process::{Command, Stdio};
+        let PsliteCase {
+            bin,
+            servers,
+            workers,
+            floats,
+            seconds,
+            warmup,
+            step,
+        } = *self;
+        let port = StdListener::bind("127.0.0.1:0")?.local_addr()?.port();
+        let spawn = |role: &str, out: Stdio| {
+            Command::new(bin)
+                .args([
+                    floats.to_string(),
+                    seconds.to_string(),
+                    warmup.to_string(),
+                    step.to_owned(),
+                ])
+                .env("DMLC_ROLE", role)
+                .env("DMLC_NUM_SERVER", servers.to_string())
+                .env("DMLC_NUM_WORKER", workers.to_string())
+                .env("DMLC_PS_ROOT_URI", "127.0.0.1")
+                .env("DMLC_PS_ROOT_PORT", port.to_string())
+                .env("DMLC_NODE_HOST", "127.0.0.1")
+                .stdin(Stdio::null())
+                .stdout(out)
+                .stderr(Stdio::null())
+                .spawn()
+                .map_err(|e| anyhow::anyhow!("--pslite {}: {e}", bin.display()))
+        };
+        let mut nodes: Vec<(&str, std::process::Child)> = Vec::new();
+        let mut readers = Vec::new();
+        let mut start = || -> anyhow::Result<()> {
+            nodes.push(("scheduler", spawn("scheduler", Stdio::null())?));
+            for _ in 0..servers {
+                nodes.push(("server", spawn("server", Stdio::null())?));
+            }
+            for _ in 0..workers {
+                let mut w = spawn("worker", Stdio::piped())?;
+                let mut out = w.stdout.take().expect("piped");
+                nodes.push(("worker", w));
+                readers.push(std::thread::spawn(move || {
+                    let mut s = String::new();
+                    out.read_to_string(&mut s).map(|_| s)
+                }));
+            }
+            Ok(())
+        };
+        let mut failed = start().err().map(|e| format!("{e:#}"));
+        // Every node leaves after the workers' final barrier; one that has not by the deadline
+        // (a node that failed leaves the others waiting) is killed, and the case fails.
+        let deadline = Instant::now() + std::time::Duration::from_secs_f64(warmup + seconds + 60.0);
+        for (role, p) in &mut nodes {
+            let status = loop {
+                if failed.is_some() {
+                    break None;
+                }
+                if let Some(st) = p.try_wait()? {
+                    break Some(st);
+                }
+                if Instant::now() >= deadline {
+                    failed = Some(format!("a ps-lite {role} did not finish in time"));
+                    break None;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            };
+            if let Some(st) = status.filter(|st| !st.success()) {
+                failed = Some(format!("a ps-lite {role} exited with {st}"));
+            }
+        }
+        for (_, p) in &mut nodes {
+            let _ = p.kill();
+            let _ = p.wait();
+        }
+        let lines: Vec<String> = readers
+            .into_iter()
+            .map(|r| r.join().unwrap_or_else(|_| Ok(String::new())))
+            .collect::<Result<_, _>>()?;
+        if let Some(f) = failed {
+            anyhow::bail!("{f}; run {} by hand to see its log", bin.display());
+        }
+        let mut timed = Vec::new();
+        for s in lines {
+            let v: serde_json::Value = serde_json::from_str(s.trim())?;
+            let p: Vec<f64> = v["pairs_ms"]
+                .as_array()
+                .ok_or_else(|| anyhow::anyhow!("a ps-lite worker's line has no pairs_ms: {s}"))?
+                .iter()
+                .filter_map(serde_json::Value::as_f64)
+                .collect();
+            let elapsed = v["elapsed_s"].as_f64().unwrap_or(0.0);
+            anyhow::ensure!(
+                elapsed > 0.0,
+                "a ps-lite worker reported no elapsed time: {s}"
+            );
+            timed.push((p, elapsed));
+        }
+        Ok(Dense::of(floats, timed))
     }
 }
 
@@ -1060,9 +1065,16 @@ fn main() -> anyhow::Result<()> {
             let build = bin.file_name().unwrap_or_default().to_string_lossy();
             for &floats in &sizes {
                 for step in &args.steps {
-                    let d = match pslite_case_retried(
-                        bin, n, clients, floats, seconds, warmup, step,
-                    ) {
+                    let case = PsliteCase {
+                        bin,
+                        servers: n,
+                        workers: clients,
+                        floats,
+                        seconds,
+                        warmup,
+                        step,
+                    };
+                    let d = match case.run() {
                         Ok(d) => d,
                         Err(e) => {
                             let e = format!("{e:#}").replace('"', "'");
