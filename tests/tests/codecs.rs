@@ -392,6 +392,41 @@ async fn sdk_error_feedback_conserves_the_gradient() {
         }
     }
     assert_eq!(ps.row_residuals("emb").unwrap().1, 0, "nothing dropped");
+    // Under fp16 and bf16 rows keep no residual (rounding loses at most half a unit in the
+    // last place): what lands is the rounded gradient. Under int8 they do.
+    for (t, codec) in [Codec::F16, Codec::Bf16, Codec::Int8 { block: 8 }]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("rows{t}");
+        ps.create_table(sparse_sgd(&name, 8, 1.0)).await.unwrap();
+        let mut opts = CompressOptions::new(codec);
+        opts.min_values = 1;
+        ps.set_table_codec(
+            &name,
+            TableCodec {
+                push: opts,
+                ..TableCodec::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(opts.keeps_row_residual(), t == 2, "{codec}");
+        let g = gradient(50 * 8, 7 + t as u32);
+        ps.push_sparse(&name, &ids, &g).await.unwrap();
+        let (held, _) = ps.row_residuals(&name).unwrap();
+        let w = ps.pull_sparse(&name, &ids).await.unwrap();
+        let err = w
+            .iter()
+            .zip(&g)
+            .map(|(w, g)| (w + g).abs() / g.abs().max(1e-3))
+            .fold(0.0f32, f32::max);
+        if t < 2 {
+            assert_eq!(held, 0, "{codec}: no row residual");
+            assert!(err > 0.0 && err < 1e-2, "{codec}: rounded by {err}");
+        } else {
+            assert!(held > 0, "{codec}: rows owe what rounding dropped");
+        }
+    }
     // A client with room for fewer rows than it pushes holds no more than that, counts the
     // rows it dropped, and its pushes still go through.
     let mut cfg = ClientConfig::new(cluster.endpoints.clone());

@@ -36,7 +36,7 @@ impl PsClient {
         let requests: Vec<(usize, Vec<u64>, Encoded)> = {
             let mut guard = sender.lock();
             let Sender { enc, rows, .. } = &mut *guard;
-            let lossy = enc.options().keeps_residual();
+            let lossy = enc.options().keeps_row_residual();
             let rows = rows.get_or_insert_with(|| {
                 let budget = self.inner.cfg.row_residual_mib.saturating_mul(1 << 20);
                 RowErrorFeedback::bounded(dim, RowErrorFeedback::rows_in(budget, dim))
@@ -141,8 +141,9 @@ impl PsClient {
             },
             |j| {
                 let mut guard = sender.lock();
-                let lossy = guard.lossy();
-                if lossy && let Some(rows) = guard.rows.as_mut() {
+                if guard.keeps_rows()
+                    && let Some(rows) = guard.rows.as_mut()
+                {
                     let (_, ids, full) = &requests[sent[j].0];
                     let _ = rows.restore(ids, full);
                 }

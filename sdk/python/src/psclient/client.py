@@ -688,7 +688,7 @@ class Client:
             requests = []
             for shard, pos in self._group(st, ids_, codec.max_bytes_per_value()):
                 rid, values = ids_[pos], rows[pos]
-                if codec.lossless:
+                if not codec.keeps_row_residual:
                     p = cd.encode(values.reshape(-1), codec, min_values=self.min_values, lz4=self.lz4)
                 else:
                     if st.rows is None:
@@ -731,7 +731,7 @@ class Client:
             _, rid, full = requests[i]
             if isinstance(r, BaseException):
                 first = first or r
-                if not codec.lossless and _not_applied(r) and st.rows is not None:
+                if codec.keeps_row_residual and _not_applied(r) and st.rows is not None:
                     with st.lock:
                         st.rows.restore(rid, full)
                 continue

@@ -5,7 +5,8 @@ output at test time).
 A codec is named by the same text as everywhere else in the project: ``f32``, ``fp16``,
 ``bf16``, ``int8[:block]``, ``sign[:block]``, ``topk:ratio[:f16|f32]``. Lossy codecs keep what
 they drop in a residual that is added to the next gradient (error feedback, :class:`Residual`
-and :class:`RowResiduals`).
+and :class:`RowResiduals`; embedding rows pushed in fp16 or bf16 keep none,
+:attr:`Codec.keeps_row_residual`).
 """
 from __future__ import annotations
 
@@ -89,6 +90,14 @@ class Codec:
     @property
     def lossless(self) -> bool:
         return self.kind == "f32"
+
+    @property
+    def keeps_row_residual(self) -> bool:
+        """Whether a sparse table's pushes keep a residual per row: every lossy codec but fp16
+        and bf16, whose rounding loses at most half a unit in the last place while a residual
+        per row costs a lookup per row pushed (as the Rust SDK's
+        ``CompressOptions::keeps_row_residual``)."""
+        return not self.lossless and self.kind not in ("fp16", "bf16")
 
     def max_bytes_per_value(self) -> float:
         """An upper bound of the bytes per value, for sizing requests."""
