@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use prost::Message;
+use ps_client::tls::WAKE_BYTES;
 use ps_core::ValidationError;
 use ps_core::wire::reason;
 use ps_proto::bulk::{self, Head, PULL_DENSE_PATH, PUSH_DENSE_PATH, PUSH_SPARSE_PATH};
@@ -527,22 +528,51 @@ fn bad_header(reason: String) -> Status {
 
 /// Reads exactly `len` bytes of body into one buffer, without zeroing it first (memory is
 /// touched only as bytes arrive). Each read must bring bytes within `timeout`.
+/// The reader is woken once per `WAKE_BYTES` of the body rather than once per segment
+/// (`Conn::wake_after`), and asks for every byte again once the body is in. A sender too slow
+/// to bring that many within half of `timeout` is read byte by byte from then on, so that
+/// `timeout` still bounds the time without a byte, not without `WAKE_BYTES`.
 async fn read_body(sock: &mut Sock, len: usize, timeout: Duration) -> io::Result<Bytes> {
     let mut buf = BytesMut::with_capacity(len);
     let mut stall = Stall::new(timeout);
-    while buf.len() < len {
-        let mut rest = (&mut *sock).take((len - buf.len()) as u64);
-        let read = tokio::select! {
-            biased;
-            read = rest.read_buf(&mut buf) => read?,
-            () = stall.expired() => return Err(stalled()),
-        };
-        if read == 0 {
-            return Err(io::ErrorKind::UnexpectedEof.into());
+    let mut asked = 0;
+    let mut slow = false;
+    let read = async {
+        while buf.len() < len {
+            // Bytes the reader's buffer holds are read without waiting for the socket.
+            let want = (len - buf.len())
+                .saturating_sub(sock.buffer().len())
+                .min(WAKE_BYTES);
+            if !slow && want > 0 && want != asked {
+                sock.get_ref().conn.wake_after(want);
+                asked = want;
+            }
+            let patience = if asked > 1 { timeout / 2 } else { timeout };
+            let mut rest = (&mut *sock).take((len - buf.len()) as u64);
+            let read = tokio::select! {
+                biased;
+                read = rest.read_buf(&mut buf) => read?,
+                () = stall.quiet_for(patience) => {
+                    if asked > 1 {
+                        sock.get_ref().conn.wake_after(1);
+                        (asked, slow) = (1, true);
+                        continue;
+                    }
+                    return Err(stalled());
+                }
+            };
+            if read == 0 {
+                return Err(io::ErrorKind::UnexpectedEof.into());
+            }
+            stall.progress();
         }
-        stall.progress();
+        Ok(())
+    };
+    let result = read.await;
+    if asked > 1 {
+        sock.get_ref().conn.wake_after(1);
     }
-    Ok(buf.freeze())
+    result.map(|()| buf.freeze())
 }
 
 /// Whether a call has gone `timeout` without a byte arriving, with one timer per `timeout`
@@ -569,13 +599,21 @@ impl Stall {
 
     /// Resolves once `timeout` has passed since the last progress.
     async fn expired(&mut self) {
+        self.quiet_for(self.timeout).await;
+    }
+
+    /// Resolves once `d` (at most `timeout`) has passed since the last progress.
+    async fn quiet_for(&mut self, d: Duration) {
         loop {
+            let due = self.last + d;
+            if self.timer.deadline() > due {
+                self.timer.as_mut().reset(due);
+            }
             self.timer.as_mut().await;
-            let due = self.last + self.timeout;
-            if tokio::time::Instant::now() >= due {
+            if tokio::time::Instant::now() >= self.last + d {
                 return;
             }
-            self.timer.as_mut().reset(due);
+            self.timer.as_mut().reset(self.last + d);
         }
     }
 }

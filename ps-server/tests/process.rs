@@ -1258,3 +1258,81 @@ async fn stalled_bulk_senders_hold_no_more_than_the_budget_and_are_closed() {
     let (answer, _) = bulk::read_head(&mut sock, 1 << 20).await.unwrap().unwrap();
     assert_eq!((answer.kind, answer.body_len), (0, 4 << 20));
 }
+
+/// A bulk body arriving slower than the shard's reader asks to be woken for (it waits for
+/// 256 KiB at a time) but with a byte within every `bulk_frame_timeout_ms` is read to the end
+/// and applied: the timeout bounds the time without a byte, not without 256 KiB.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_bulk_sender_with_a_byte_within_the_frame_timeout_is_read_and_applied() {
+    use prost::Message;
+    use ps_proto::bulk;
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("shard.toml");
+    std::fs::write(&config, "bulk_frame_timeout_ms = 1000\n").unwrap();
+    let server = spawn(
+        &dir.path().join("data"),
+        "127.0.0.1:0",
+        &["--config", config.to_str().unwrap()],
+    )
+    .await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    let floats = 1usize << 18; // 1 MiB
+    ps.create_table(TableSpec::dense("t", &[floats as u64]).unwrap())
+        .await
+        .unwrap();
+    let bulk_addr = {
+        let mut raw = raw_client(&server.addr).await;
+        let info = raw
+            .shard_info(ps_proto::v1::ShardInfoRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        format!("127.0.0.1:{}", info.bulk_port)
+    };
+    let mut header = ps_proto::v1::PushDenseRequest {
+        table: "t".into(),
+        push_id: only_push(9, 1),
+        map_epoch: 0,
+        slices: vec![ps_proto::v1::DenseSlice {
+            chunk: 0,
+            values: Some(ps_core::Payload::from_f32(&[]).into()),
+        }],
+        trace_context: Default::default(),
+        authorization: String::new(),
+    };
+    header.slices[0].values.as_mut().unwrap().num_values = floats as u64;
+    let header = header.encode_to_vec();
+    let head = bulk::Head {
+        kind: bulk::PUSH_DENSE,
+        header_len: header.len() as u32,
+        body_len: (floats * 4) as u64,
+    };
+    let body: Vec<u8> = (0..floats).flat_map(|_| 1.0f32.to_le_bytes()).collect();
+    let mut sock = tokio::net::TcpStream::connect(&bulk_addr).await.unwrap();
+    sock.set_nodelay(true).unwrap();
+    sock.write_all(&head.encode()).await.unwrap();
+    sock.write_all(&header).await.unwrap();
+    // 100 KiB at once, then 4 KiB every 400 ms for 2.4 s (more than the timeout, less than
+    // 256 KiB in all), then the rest.
+    let mut sent = 100 << 10;
+    sock.write_all(&body[..sent]).await.unwrap();
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        sock.write_all(&body[sent..sent + 4096]).await.unwrap();
+        sent += 4096;
+    }
+    sock.write_all(&body[sent..]).await.unwrap();
+    let (answer, _) =
+        tokio::time::timeout(Duration::from_secs(10), bulk::read_head(&mut sock, 1 << 20))
+            .await
+            .expect("an answer")
+            .expect("the stream stays open")
+            .expect("an answer, not a close");
+    assert_eq!(answer.kind, 0, "the push is accepted");
+    assert_eq!(ps.stats().await.unwrap()[0].pushes_applied, 1);
+    let pulled = ps.pull_dense("t").await.unwrap();
+    assert!(pulled.iter().all(|&v| v != 0.0), "{:?}", &pulled[..4]);
+}

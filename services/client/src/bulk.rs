@@ -274,7 +274,7 @@ impl BulkPool {
                     .map_err(|e| protocol(format!("pull answer does not decode: {e}")))?;
                 check_pull(&resp, body_len, dsts).map_err(protocol)?;
                 for (_, dst) in dsts.iter_mut() {
-                    s.read_exact(bytemuck::cast_slice_mut(dst)).await?;
+                    s.read_body(bytemuck::cast_slice_mut(dst)).await?;
                     from_le(dst);
                 }
                 Ok(Ok(()))

@@ -248,7 +248,65 @@ pub enum Conn {
     Server(Box<tokio_rustls::server::TlsStream<TcpStream>>),
 }
 
+/// The most bytes a reader of a large body asks to be woken for at once
+/// ([`Conn::wake_after`]).
+pub const WAKE_BYTES: usize = 256 << 10;
+
 impl Conn {
+    /// Asks the kernel to wake a reader of this connection only once `bytes` have arrived
+    /// (or the peer closed), at most [`WAKE_BYTES`], rather than for every segment: a body of
+    /// megabytes on loopback arrives in segments of 64 KiB, and each wake-up is a context
+    /// switch on cores the sender needs too. A reader expecting `n` more bytes sets
+    /// `min(n, WAKE_BYTES)` before each read and 1 when the body is in; a larger value would
+    /// wait for bytes that never come. Plain TCP only (a TLS record's length is not the
+    /// body's); best effort (a failure changes nothing but the wake-ups).
+    pub fn wake_after(&self, bytes: usize) {
+        let Conn::Plain(tcp) = self else {
+            return;
+        };
+        let bytes = libc::c_int::try_from(bytes.clamp(1, WAKE_BYTES)).unwrap_or(1);
+        let fd = std::os::fd::AsRawFd::as_raw_fd(tcp);
+        #[allow(unsafe_code)]
+        // SAFETY: `fd` is this stream's open socket for the call's duration, and the option's
+        // value is a valid c_int whose size is passed with it.
+        unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                libc::SO_RCVLOWAT,
+                (&raw const bytes).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+    }
+
+    /// Fills `buf` from the connection, woken once per [`WAKE_BYTES`] of it
+    /// ([`Conn::wake_after`]) rather than once per segment.
+    pub async fn read_body(&mut self, buf: &mut [u8]) -> io::Result<()> {
+        use tokio::io::AsyncReadExt;
+        let mut filled = 0;
+        let mut asked = 0;
+        let read = async {
+            while filled < buf.len() {
+                let want = (buf.len() - filled).min(WAKE_BYTES);
+                if want != asked {
+                    self.wake_after(want);
+                    asked = want;
+                }
+                match self.read(&mut buf[filled..]).await? {
+                    0 => return Err(io::Error::from(io::ErrorKind::UnexpectedEof)),
+                    n => filled += n,
+                }
+            }
+            Ok(())
+        };
+        let result = read.await;
+        if asked > 1 {
+            self.wake_after(1);
+        }
+        result
+    }
+
     /// The TCP stream under it (for socket options and addresses).
     pub fn tcp(&self) -> &TcpStream {
         match self {
