@@ -1131,6 +1131,42 @@ async fn table_names(ps: &PsClient) -> Vec<String> {
 }
 
 /// The resident memory of process `pid`, in bytes.
+/// The shard's bulk stream address, as its `ShardInfo` gives it.
+async fn bulk_addr(addr: &str) -> String {
+    let info = raw_client(addr)
+        .await
+        .shard_info(ps_proto::v1::ShardInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    format!("127.0.0.1:{}", info.bulk_port)
+}
+
+/// The head and header of a bulk push of `floats` raw f32 values into chunk 0 of `table`
+/// (the body is the caller's to send).
+fn bulk_push_head(table: &str, client_id: u64, floats: u64) -> (ps_proto::bulk::Head, Vec<u8>) {
+    use prost::Message;
+    let mut header = ps_proto::v1::PushDenseRequest {
+        table: table.into(),
+        push_id: only_push(client_id, 1),
+        map_epoch: 0,
+        slices: vec![ps_proto::v1::DenseSlice {
+            chunk: 0,
+            values: Some(ps_core::Payload::from_f32(&[]).into()),
+        }],
+        trace_context: Default::default(),
+        authorization: String::new(),
+    };
+    header.slices[0].values.as_mut().unwrap().num_values = floats;
+    let header = header.encode_to_vec();
+    let head = ps_proto::bulk::Head {
+        kind: ps_proto::bulk::PUSH_DENSE,
+        header_len: header.len() as u32,
+        body_len: floats * 4,
+    };
+    (head, header)
+}
+
 fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -1171,39 +1207,13 @@ async fn stalled_bulk_senders_hold_no_more_than_the_budget_and_are_closed() {
     ps.create_table(t).await.unwrap();
     ps.push_dense("t", &vec![1.0; 1 << 24]).await.unwrap();
     let applied = ps.stats().await.unwrap()[0].pushes_applied;
-    let bulk_addr = {
-        let mut raw = raw_client(&server.addr).await;
-        let info = raw
-            .shard_info(ps_proto::v1::ShardInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        format!("127.0.0.1:{}", info.bulk_port)
-    };
+    let bulk_addr = bulk_addr(&server.addr).await;
     let pid = server.svc.id();
     let before = rss(pid);
 
     // 48 MiB: under the request limit (64 MiB), so the shard reads it rather than refusing.
     let body: u64 = 48 << 20;
-    let header = ps_proto::v1::PushDenseRequest {
-        table: "t".into(),
-        push_id: only_push(5, 1),
-        map_epoch: 0,
-        slices: vec![ps_proto::v1::DenseSlice {
-            chunk: 0,
-            values: Some(ps_core::Payload::from_f32(&[]).into()),
-        }],
-        trace_context: Default::default(),
-        authorization: String::new(),
-    };
-    let mut header = header;
-    header.slices[0].values.as_mut().unwrap().num_values = body / 4;
-    let header = header.encode_to_vec();
-    let head = bulk::Head {
-        kind: bulk::PUSH_DENSE,
-        header_len: header.len() as u32,
-        body_len: body,
-    };
+    let (head, header) = bulk_push_head("t", 5, body / 4);
     let half = vec![0u8; (body / 2) as usize];
     let senders: Vec<_> = (0..20)
         .map(|_| {
@@ -1264,7 +1274,6 @@ async fn stalled_bulk_senders_hold_no_more_than_the_budget_and_are_closed() {
 /// and applied: the timeout bounds the time without a byte, not without 256 KiB.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slow_bulk_sender_with_a_byte_within_the_frame_timeout_is_read_and_applied() {
-    use prost::Message;
     use ps_proto::bulk;
     use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().unwrap();
@@ -1283,33 +1292,8 @@ async fn a_slow_bulk_sender_with_a_byte_within_the_frame_timeout_is_read_and_app
     ps.create_table(TableSpec::dense("t", &[floats as u64]).unwrap())
         .await
         .unwrap();
-    let bulk_addr = {
-        let mut raw = raw_client(&server.addr).await;
-        let info = raw
-            .shard_info(ps_proto::v1::ShardInfoRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        format!("127.0.0.1:{}", info.bulk_port)
-    };
-    let mut header = ps_proto::v1::PushDenseRequest {
-        table: "t".into(),
-        push_id: only_push(9, 1),
-        map_epoch: 0,
-        slices: vec![ps_proto::v1::DenseSlice {
-            chunk: 0,
-            values: Some(ps_core::Payload::from_f32(&[]).into()),
-        }],
-        trace_context: Default::default(),
-        authorization: String::new(),
-    };
-    header.slices[0].values.as_mut().unwrap().num_values = floats as u64;
-    let header = header.encode_to_vec();
-    let head = bulk::Head {
-        kind: bulk::PUSH_DENSE,
-        header_len: header.len() as u32,
-        body_len: (floats * 4) as u64,
-    };
+    let bulk_addr = bulk_addr(&server.addr).await;
+    let (head, header) = bulk_push_head("t", 9, floats as u64);
     let body: Vec<u8> = (0..floats).flat_map(|_| 1.0f32.to_le_bytes()).collect();
     let mut sock = tokio::net::TcpStream::connect(&bulk_addr).await.unwrap();
     sock.set_nodelay(true).unwrap();

@@ -67,12 +67,6 @@ impl Sender {
     pub fn lossy(&self) -> bool {
         self.enc.options().keeps_residual()
     }
-
-    /// Whether this sparse table keeps a residual per row
-    /// ([`ps_codec::CompressOptions::keeps_row_residual`]).
-    pub fn keeps_rows(&self) -> bool {
-        self.enc.options().keeps_row_residual()
-    }
 }
 
 /// This client's copy of a dense table as delta pulls built it, with the shard's replica

@@ -141,7 +141,7 @@ impl PsClient {
             },
             |j| {
                 let mut guard = sender.lock();
-                if guard.keeps_rows()
+                if guard.enc.options().keeps_row_residual()
                     && let Some(rows) = guard.rows.as_mut()
                 {
                     let (_, ids, full) = &requests[sent[j].0];
