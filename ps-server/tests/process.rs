@@ -1121,6 +1121,18 @@ async fn a_table_over_the_memory_budget_is_left_unloaded_and_loses_nothing() {
     assert_eq!(ps.stats().await.unwrap()[0].tables.len(), 1);
 }
 
+/// A shard on a free port, its data in `dir/data`, started with `toml` as its config file.
+async fn spawn_configured(dir: &Path, toml: &str) -> Server {
+    let config = dir.join("shard.toml");
+    std::fs::write(&config, toml).unwrap();
+    spawn(
+        &dir.join("data"),
+        "127.0.0.1:0",
+        &["--config", config.to_str().unwrap()],
+    )
+    .await
+}
+
 async fn connect(addr: &str) -> PsClient {
     PsClient::connect(client_config(addr)).await.unwrap()
 }
@@ -1186,21 +1198,12 @@ async fn stalled_bulk_senders_hold_no_more_than_the_budget_and_are_closed() {
     use ps_proto::bulk;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("shard.toml");
-    std::fs::write(
-        &config,
+    let mut server = spawn_configured(
+        dir.path(),
         "bulk_frame_timeout_ms = 2000\nbulk_budget_bytes = 134217728\n",
     )
-    .unwrap();
-    let mut server = spawn(
-        &dir.path().join("data"),
-        "127.0.0.1:0",
-        &["--config", config.to_str().unwrap()],
-    )
     .await;
-    let ps = PsClient::connect(client_config(&server.addr))
-        .await
-        .unwrap();
+    let ps = connect(&server.addr).await;
     let t = TableSpec::dense("t", &[1 << 24])
         .and_then(|t| t.with_chunk_elems(1 << 20))
         .unwrap();
@@ -1277,17 +1280,8 @@ async fn a_slow_bulk_sender_with_a_byte_within_the_frame_timeout_is_read_and_app
     use ps_proto::bulk;
     use tokio::io::AsyncWriteExt;
     let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("shard.toml");
-    std::fs::write(&config, "bulk_frame_timeout_ms = 1000\n").unwrap();
-    let server = spawn(
-        &dir.path().join("data"),
-        "127.0.0.1:0",
-        &["--config", config.to_str().unwrap()],
-    )
-    .await;
-    let ps = PsClient::connect(client_config(&server.addr))
-        .await
-        .unwrap();
+    let server = spawn_configured(dir.path(), "bulk_frame_timeout_ms = 1000\n").await;
+    let ps = connect(&server.addr).await;
     let floats = 1usize << 18; // 1 MiB
     ps.create_table(TableSpec::dense("t", &[floats as u64]).unwrap())
         .await
