@@ -98,6 +98,11 @@ pub fn describe() {
         "ps_store_write_seconds",
         "Time of one durable write (WAL, and fsync with --sync)."
     );
+    describe_counter!(
+        "ps_store_row_reads_total",
+        "Sparse rows missing from memory looked up in the store (a table none of whose rows \
+         has left memory answers misses without it)."
+    );
     // The families without labels exist from start-up.
     for h in [
         "ps_group_commit_size",
@@ -119,9 +124,15 @@ pub fn describe() {
         "ps_rows_relogged_total",
         "ps_rows_relogged_bytes_total",
         "ps_bulk_connections_total",
+        "ps_store_row_reads_total",
     ] {
         counter!(c).absolute(0);
     }
+}
+
+/// `n` sparse rows looked up in the store.
+pub fn store_row_reads(n: u64) {
+    counter!("ps_store_row_reads_total").increment(n);
 }
 
 /// A table this shard serves (created, or loaded at start-up): its series exist from now, with

@@ -572,9 +572,9 @@ async fn sparse_optimizer_state_survives_kill_9() {
 }
 
 /// A sparse table twelve times larger than the shard's row cache (--cache-mib 1) trains
-/// exactly as an uninterrupted run computed here with the shards' own update rule: rows leave
-/// the cache and come back from the store with their Adagrad state, pulls of cold rows are
-/// read from the store, kill -9 right after acknowledged pushes loses none of them, and a push
+/// exactly as an uninterrupted run computed here with the shards' own update rule: new rows are
+/// not looked up in the store before any row has left memory, rows leave the cache and come
+/// back from the store with their Adagrad state, pulls of cold rows are read from the store, kill -9 right after acknowledged pushes loses none of them, and a push
 /// retried after the restart is recognised, not applied twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
@@ -598,6 +598,8 @@ async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
     let all: Vec<u64> = (0..ROWS).collect();
     // The reference: each row's parameters (as first pulled: the initializer), state, step.
     let mut w = ps.pull_sparse("emb", &all).await.unwrap();
+    // Before any row has left memory, a row missing from it is new: not looked up in the store.
+    assert_eq!(metric(&server, "ps_store_row_reads_total").await, 0.0);
     let mut state = vec![ps_core::optim::initial_state(&opt, DIM); ROWS as usize];
     let mut steps = vec![0u64; ROWS as usize];
     let grad = |id: u64, round: u64| -> Vec<f32> {
@@ -666,6 +668,8 @@ async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
     assert_eq!(table.rows, ROWS);
     assert!(stats.cache_evictions > 0, "{stats:?}");
     assert!(stats.cache_misses > 0, "{stats:?}");
+    // Once rows have been evicted, misses are read from the store.
+    assert!(metric(&server, "ps_store_row_reads_total").await > 0.0);
     assert_eq!(stats.cache_budget_bytes, 1 << 20);
     // The cache may pass its budget by what one group commit brought in before it evicts.
     assert!(

@@ -15,16 +15,23 @@ use crate::store::{Cf, Store, StoreError};
 impl<S: Store> Inner<S> {
     /// Reads rows `ids` of `table` from the store, one consistent read for all of them (with
     /// their last push times when the table evicts rows); rows it does not hold are absent
-    /// from the answer.
+    /// from the answer. The callers ask for rows missing from memory: while none of the
+    /// table's rows has left memory ([`Rows::paged_out`]), those are new and the store is not
+    /// read.
     pub(super) fn fetch_rows(
         &self,
         table: &Table,
         ids: &[u64],
     ) -> Result<HashMap<u64, Row, foldhash::fast::RandomState>, StoreError> {
-        let mut found = HashMap::with_capacity_and_hasher(ids.len(), Default::default());
-        if ids.is_empty() || !self.store.durable() {
-            return Ok(found);
+        let paged_out = match &table.data {
+            TableData::Sparse(rows) => rows.paged_out(),
+            TableData::Dense(_) => true,
+        };
+        if ids.is_empty() || !self.store.durable() || !paged_out {
+            return Ok(HashMap::default());
         }
+        crate::metrics::store_row_reads(ids.len() as u64);
+        let mut found = HashMap::with_capacity_and_hasher(ids.len(), Default::default());
         let keys: Vec<[u8; 12]> = ids.iter().map(|&id| table.key(id)).collect();
         let with_state = table.spec.optimizer.state_slots() > 0;
         let with_touch = table.eviction.is_some();

@@ -159,6 +159,7 @@ impl<S: Store> Inner<S> {
             TableData::Dense(chunks) => chunks,
             TableData::Sparse(rows) => {
                 rows.set_stored(self.stored_rows(table)?);
+                rows.set_paged_out();
                 return Ok(Ok(()));
             }
         };

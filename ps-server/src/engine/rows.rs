@@ -153,6 +153,11 @@ pub(super) struct Rows {
     stored: AtomicU64,
     /// Rows in memory.
     cached: AtomicU64,
+    /// Whether the store may hold a row of the table that memory does not: set when the table
+    /// is loaded from the store (its rows stay there until first used) and by the first sweep
+    /// of its rows. Until then every stored row is in memory too (rows reach the store only
+    /// from memory), so a row missing from memory is new and a miss need not read the store.
+    paged_out: AtomicBool,
 }
 
 impl Default for Rows {
@@ -161,6 +166,7 @@ impl Default for Rows {
             stripes: (0..STRIPES).map(|_| RwLock::default()).collect(),
             stored: AtomicU64::new(0),
             cached: AtomicU64::new(0),
+            paged_out: AtomicBool::new(false),
         }
     }
 }
@@ -225,6 +231,16 @@ impl Rows {
         }
     }
 
+    /// Whether the store may hold rows that memory does not (see the field).
+    pub(super) fn paged_out(&self) -> bool {
+        self.paged_out.load(Ordering::SeqCst)
+    }
+
+    /// Marks the table's rows as possibly in the store alone (loaded from it, or swept).
+    pub(super) fn set_paged_out(&self) {
+        self.paged_out.store(true, Ordering::SeqCst);
+    }
+
     /// Rows in memory.
     pub(super) fn cached(&self) -> u64 {
         self.cached.load(Ordering::Relaxed)
@@ -253,6 +269,9 @@ impl Rows {
     /// memory, but for dirty ones, which stay and are handed to `dirty` to be written back
     /// (clean, a later pass evicts them). Returns the rows evicted.
     pub(super) fn sweep(&self, index: usize, dirty: &mut dyn FnMut(u64, &Row)) -> u64 {
+        // Before any row leaves: a reader that finds a row gone (after this stripe's lock)
+        // then knows to look in the store.
+        self.set_paged_out();
         let mut stripe = self.stripes[index % STRIPES].write();
         let before = stripe.len();
         stripe.retain(|&id, row| {
