@@ -574,8 +574,9 @@ async fn sparse_optimizer_state_survives_kill_9() {
 /// A sparse table twelve times larger than the shard's row cache (--cache-mib 1) trains
 /// exactly as an uninterrupted run computed here with the shards' own update rule: new rows are
 /// not looked up in the store before any row has left memory, rows leave the cache and come
-/// back from the store with their Adagrad state, pulls of cold rows are read from the store, kill -9 right after acknowledged pushes loses none of them, and a push
-/// retried after the restart is recognised, not applied twice.
+/// back from the store with their Adagrad state, pulls of cold rows are read from the store,
+/// kill -9 right after acknowledged pushes loses none of them, and a push retried after the
+/// restart is recognised, not applied twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sparse_table_larger_than_the_cache_trains_exactly_through_kill_9() {
     const ROWS: u64 = 100_000;
@@ -1146,7 +1147,6 @@ async fn table_names(ps: &PsClient) -> Vec<String> {
     tables.into_iter().map(|t| t.name.to_string()).collect()
 }
 
-/// The resident memory of process `pid`, in bytes.
 /// The shard's bulk stream address, as its `ShardInfo` gives it.
 async fn bulk_addr(addr: &str) -> String {
     let info = raw_client(addr)
@@ -1183,6 +1183,7 @@ fn bulk_push_head(table: &str, client_id: u64, floats: u64) -> (ps_proto::bulk::
     (head, header)
 }
 
+/// The resident memory of process `pid`, in bytes.
 fn rss(pid: u32) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
