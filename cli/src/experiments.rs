@@ -153,6 +153,7 @@ const FP16_BOTH: &str = "fp16 both ways";
 const TOPK_FP16_PULL: &str = "top-k 1% push, fp16 pull";
 const TOPK_DELTA_PULL: &str = "top-k 1% push, delta top-k 2% pull";
 const TOPK_INT8_PULL: &str = "top-k 1% push, int8 pull";
+const TOPK_INT8_HELD: &str = "top-k 1% push, int8 pull of changed rows";
 
 /// The link suites' configurations: f32, fp16 both ways, top-k 1% pushes (with error feedback
 /// and momentum correction) with fp16 pulls, and with delta top-k pulls. Top-k configurations
@@ -244,7 +245,12 @@ fn ctr_link_suite(
                 (int8: a byte a value and one f32 scale per row of 32); delta top-k pulls the \
                 dense tables as the top 2% of their change and the rows in fp16. The ids (8 \
                 bytes each, in every pull of each table and for every row pushed) are not \
-                compressed.",
+                compressed. Pulls of changed rows: each worker keeps the embedding rows it \
+                pulled (`--held-rows-mib 64`) and sends a 64-bit digest of each one it holds \
+                beside its id; the shards send only the rows whose values differ (with top-k \
+                pushes, about half of a step's rows are unchanged since the worker last \
+                pulled them; the wide table's rows of one value share their int8 scales, so \
+                they all come every time).",
         base,
         epochs: 1.0,
         evals_per_epoch,
@@ -256,6 +262,10 @@ fn ctr_link_suite(
             config(FP16_BOTH, "--codec fp16 --pull-codec fp16"),
             config(TOPK_FP16_PULL, "--codec topk:0.01 --pull-codec fp16"),
             config(TOPK_INT8_PULL, "--codec topk:0.01 --pull-codec int8"),
+            config(
+                TOPK_INT8_HELD,
+                "--codec topk:0.01 --pull-codec int8 --held-rows-mib 64",
+            ),
             config(
                 TOPK_DELTA_PULL,
                 "--codec topk:0.01 --pull-codec delta-topk:0.02",
@@ -923,11 +933,25 @@ fn checks(suite: &Suite, rows: &[Row], results: &[RunResult]) -> Vec<Check> {
             // 1 Gbit/s no configuration may be slower than f32.
             let (wanted, labels): (f64, &[&str]) = if flag(suite.base, "--link-mbps") == Some(100.0)
             {
-                (5.0, &[TOPK_FP16_PULL, TOPK_INT8_PULL, TOPK_DELTA_PULL])
+                (
+                    5.0,
+                    &[
+                        TOPK_FP16_PULL,
+                        TOPK_INT8_PULL,
+                        TOPK_INT8_HELD,
+                        TOPK_DELTA_PULL,
+                    ],
+                )
             } else {
                 (
                     1.0,
-                    &[FP16_BOTH, TOPK_FP16_PULL, TOPK_INT8_PULL, TOPK_DELTA_PULL],
+                    &[
+                        FP16_BOTH,
+                        TOPK_FP16_PULL,
+                        TOPK_INT8_PULL,
+                        TOPK_INT8_HELD,
+                        TOPK_DELTA_PULL,
+                    ],
                 )
             };
             for &label in labels {

@@ -95,6 +95,10 @@ pub struct LocalArgs {
     /// MiB each worker keeps for each sparse table's row residuals under a lossy codec.
     #[arg(long)]
     pub row_residual_mib: Option<u32>,
+    /// MiB each worker keeps for each sparse table's rows from its pulls (pulls then get only
+    /// the rows that changed; 0: none kept; the worker's default otherwise).
+    #[arg(long)]
+    pub held_rows_mib: Option<u32>,
     /// Probability that a worker's clock takes --straggler-factor times longer.
     #[arg(long, default_value_t = 0.0)]
     pub straggler_prob: f64,
@@ -542,6 +546,9 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
         }
         if let Some(m) = a.row_residual_mib {
             args.extend(["--row-residual-mib".into(), m.to_string()]);
+        }
+        if let Some(m) = a.held_rows_mib {
+            args.extend(["--held-rows-mib".into(), m.to_string()]);
         }
         args.extend(["--ssp-refresh".into(), a.ssp_refresh.to_string()]);
         args.extend(["--device".into(), a.device.to_string()]);

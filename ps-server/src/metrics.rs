@@ -155,6 +155,7 @@ pub fn table_loaded(spec: &ps_core::TableSpec) {
             counter!("ps_sparse_rows_total", "table" => table.clone(), "outcome" => outcome)
                 .increment(0);
         }
+        counter!("ps_pull_rows_unchanged_total", "table" => table.clone()).increment(0);
     }
     counter!("ps_pull_values_total", "table" => table).increment(0);
 }
@@ -193,6 +194,11 @@ pub fn push_failed(table: &str, kind: &'static str) {
 pub fn pulled(table: &str, kind: &'static str, values: u64) {
     counter!("ps_pull_requests_total", "table" => table.to_owned(), "kind" => kind).increment(1);
     counter!("ps_pull_values_total", "table" => table.to_owned()).increment(values);
+}
+
+/// `n` rows of a sparse pull answered as unchanged since the client's copy (not sent).
+pub fn pull_rows_unchanged(table: &str, n: u64) {
+    counter!("ps_pull_rows_unchanged_total", "table" => table.to_owned()).increment(n);
 }
 
 pub fn wire_bytes(direction: &'static str, table: &str, encoding: ps_core::Encoding, bytes: usize) {

@@ -267,9 +267,10 @@ impl<S: Store> ParameterServer for PsService<S> {
         let caller = Caller::of(&req);
         let req = PullSparse::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
         check_table(M, &caller, req.table.as_str())?;
-        let values = self.engine().pull_sparse(&req).map_err(|e| refuse(M, e))?;
+        let (values, unchanged) = self.engine().pull_sparse(&req).map_err(|e| refuse(M, e))?;
         Ok(Response::new(pb::PullSparseResponse {
             values: Some(values.into()),
+            unchanged: unchanged.mask,
         }))
     }
 

@@ -1108,3 +1108,120 @@ async fn push_pull_dense_pulls_each_chunk_after_its_own_push() {
     assert_eq!(out, ps.pull_dense_f32("pp").await.unwrap());
     cluster.stop().await;
 }
+
+/// A client that holds rows from its pulls gets again only the rows that changed, and what it
+/// returns is exactly what a client holding nothing gets; rows past its memory are dropped,
+/// a codec that rounds rows together holds none, and a malformed held mask is refused.
+#[tokio::test]
+async fn held_rows_come_again_only_when_changed() {
+    let cluster = TestCluster::start(2).await;
+    let plain = cluster.client().await;
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.held_rows_mib = 1;
+    let holding = PsClient::connect(cfg).await.unwrap();
+    let int8 = TableCodec {
+        pull: PullCodec::Int8,
+        ..TableCodec::default()
+    };
+    plain.create_table(sparse_sgd("hr", 32, 1.0)).await.unwrap();
+    plain.create_table(sparse_sgd("hw", 1, 1.0)).await.unwrap();
+    for c in [&plain, &holding] {
+        c.set_table_codec("hr", int8).unwrap();
+        c.set_table_codec("hw", int8).unwrap();
+    }
+    let ids: Vec<u64> = (0..300).map(|i| i * 7919 + 3).collect();
+    plain
+        .push_sparse("hr", &ids, &gradient(300 * 32, 4))
+        .await
+        .unwrap();
+    // Pulls `ids` through both clients; returns the holding client's wire bytes and the rows
+    // its shards answered as unchanged.
+    let pull = async |ids: &[u64]| {
+        let (wire, _) = holding.pulled_bytes();
+        let unchanged = holding.rows_unchanged();
+        let got = holding.pull_sparse("hr", ids).await.unwrap();
+        let want = plain.pull_sparse("hr", ids).await.unwrap();
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        (
+            holding.pulled_bytes().0 - wire,
+            holding.rows_unchanged() - unchanged,
+        )
+    };
+    let (first, kept) = pull(&ids).await;
+    assert_eq!(kept, 0);
+    assert!(first >= 300 * 36, "{first} bytes for 300 rows");
+    // Nothing changed: no row comes again.
+    let (again, kept) = pull(&ids).await;
+    assert_eq!(kept, 300);
+    assert!(again < 200, "{again} bytes for 300 unchanged rows");
+    // 50 rows pushed: those come again, with their new values.
+    plain
+        .push_sparse("hr", &ids[..50], &gradient(50 * 32, 5))
+        .await
+        .unwrap();
+    let (after, kept) = pull(&ids).await;
+    assert_eq!(kept, 250);
+    assert!(
+        (50 * 36..50 * 36 + 200).contains(&after),
+        "{after} bytes for 50 changed rows"
+    );
+    // Duplicates, held and new rows in one pull.
+    let (_, kept) = pull(&[ids[60], ids[60], 1, ids[70]]).await;
+    assert_eq!(kept, 3);
+    // 1 MiB holds about 6,000 rows of 32: of 10,000 pulled twice, at most that many are kept,
+    // and every value is still exact.
+    let many: Vec<u64> = (0..10_000).map(|i| i * 104_729 + 11).collect();
+    pull(&many).await;
+    let (_, kept) = pull(&many).await;
+    assert!((1000..=6500).contains(&kept), "{kept} rows kept of 10000");
+    // Rows of one value share an int8 scale with their neighbours: none is held.
+    holding.pull_sparse("hw", &ids).await.unwrap();
+    let before = holding.rows_unchanged();
+    holding.pull_sparse("hw", &ids).await.unwrap();
+    assert_eq!(holding.rows_unchanged(), before);
+    cluster.stop().await;
+    // A mask that is not a bit per id, or digests that are not one per held row, are refused
+    // (by a shard that owns every id).
+    let cluster = TestCluster::start(1).await;
+    cluster
+        .client()
+        .await
+        .create_table(sparse_sgd("hr", 32, 1.0))
+        .await
+        .unwrap();
+    let mut raw = ParameterServerClient::connect(cluster.endpoints[0].clone())
+        .await
+        .unwrap();
+    let req = |held: Vec<u8>, digests: Vec<u64>| pb::PullSparseRequest {
+        table: "hr".into(),
+        ids: (0..10).collect(),
+        accept: encoding_to_pb(Encoding::Int8) as i32,
+        map_epoch: 0,
+        held,
+        held_digests: digests,
+    };
+    for (held, digests, field) in [
+        (vec![1], vec![7], "held"),
+        (vec![1, 0], vec![], "held_digests"),
+        (vec![0, 4], vec![9], "held"),
+    ] {
+        let status = raw
+            .pull_sparse(req(held.clone(), digests))
+            .await
+            .unwrap_err();
+        assert_eq!(status.code(), tonic::Code::InvalidArgument, "{held:?}");
+        assert!(status.message().contains(field), "{}", status.message());
+    }
+    // A digest that matches nothing gets the row.
+    let answer = raw
+        .pull_sparse(req(vec![0b11, 0], vec![1, 2]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.unchanged.is_empty());
+    assert_eq!(answer.values.unwrap().num_values, 10 * 32);
+    cluster.stop().await;
+}

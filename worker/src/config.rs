@@ -51,6 +51,13 @@ pub struct WorkerConfig {
     #[arg(long, env = "PS_ROW_RESIDUAL_MIB", default_value_t = 256,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub row_residual_mib: u32,
+    /// MiB for the rows of each sparse table this worker keeps from its pulls, so that a pull
+    /// gets only the rows that changed since (exact: rows are compared by a digest of their
+    /// values). 0 (the default) keeps none. It pays where the link, not the CPU, bounds a
+    /// step (below about 1 Gbit/s a worker). Pull codecs that round rows together (int8
+    /// with rows under 32 values) always get every row.
+    #[arg(long, env = "PS_HELD_ROWS_MIB", default_value_t = 0)]
+    pub held_rows_mib: u32,
     /// Probability that a clock is a straggler (takes --straggler-factor times longer).
     #[arg(long, default_value_t = 0.0)]
     pub straggler_prob: f64,

@@ -6,8 +6,9 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
+use ps_core::hash::row_digest;
 use ps_core::request::DenseSlice;
-use ps_core::{Payload, PullDense, PullSparse, TableKind};
+use ps_core::{Held, Payload, PullDense, PullSparse, TableKind};
 
 use super::table::{Table, TableData, ThreadCpu};
 use super::validate::wrong_kind;
@@ -109,7 +110,8 @@ impl<S: Store> Engine<S> {
     }
 
     /// Reads rows of a sparse table in request order; unseen rows read as their initializer.
-    pub fn pull_sparse(&self, req: &PullSparse) -> Result<Payload> {
+    /// Returns the values of the rows not marked unchanged, and the mark (see [`held_answer`]).
+    pub fn pull_sparse(&self, req: &PullSparse) -> Result<(Payload, Held)> {
         let table = self.table(&req.table)?;
         let cpu = ThreadCpu::now();
         let answer = self.pull_sparse_from(&table, req);
@@ -117,7 +119,7 @@ impl<S: Store> Engine<S> {
         answer
     }
 
-    fn pull_sparse_from(&self, table: &Arc<Table>, req: &PullSparse) -> Result<Payload> {
+    fn pull_sparse_from(&self, table: &Arc<Table>, req: &PullSparse) -> Result<(Payload, Held)> {
         self.check_epoch(req.map_epoch)?;
         let (TableKind::Sparse { dim }, TableData::Sparse(rows)) = (&table.spec.kind, &table.data)
         else {
@@ -139,10 +141,46 @@ impl<S: Store> Engine<S> {
         }
         table.pulled(buf.len() as u64);
         m::pulled(table.spec.name.as_str(), "sparse", buf.len() as u64);
-        let payload = Payload::encode_plain(&buf, req.accept, dim);
+        let (payload, unchanged) = held_answer(req, dim, &buf);
+        if !unchanged.is_empty() {
+            m::pull_rows_unchanged(table.spec.name.as_str(), unchanged.count() as u64);
+        }
         count_sent(table, &payload);
-        Ok(payload)
+        Ok((payload, unchanged))
     }
+}
+
+/// The answer to a sparse pull of rows `buf` (`dim` values each, in request order): every row
+/// under the encoding asked for, less the rows the client holds whose values under that
+/// encoding still have the digest it sent, which are marked instead. Rows rounded together
+/// (int8 rows shorter than a block) are all sent: a row's values then depend on its
+/// neighbours in the answer, so the client's copy cannot be vouched for.
+fn held_answer(req: &PullSparse, dim: usize, buf: &[f32]) -> (Payload, Held) {
+    let full = Payload::encode_plain(buf, req.accept, dim);
+    if req.held.digests.is_empty() || !ps_codec::PullCodec::rows_stand_alone(req.accept, dim) {
+        return (full, Held::default());
+    }
+    // The values as the client will decode them; the encoding was just made, so it decodes.
+    let Ok(sent) = full.to_vec() else {
+        return (full, Held::default());
+    };
+    let mut unchanged = Held::clear(req.ids.len());
+    let mut digests = req.held.digests.iter();
+    for (i, row) in sent.chunks_exact(dim).enumerate() {
+        if req.held.has(i) && digests.next() == Some(&row_digest(row)) {
+            unchanged.mark(i);
+        }
+    }
+    if unchanged.is_empty() {
+        return (full, Held::default());
+    }
+    let mut rest = Vec::with_capacity(buf.len() - unchanged.count() * dim);
+    for (i, row) in buf.chunks_exact(dim).enumerate() {
+        if !unchanged.has(i) {
+            rest.extend_from_slice(row);
+        }
+    }
+    (Payload::encode_plain(&rest, req.accept, dim), unchanged)
 }
 
 /// Bytes a dense answer's slice takes besides its values.

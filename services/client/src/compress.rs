@@ -9,6 +9,7 @@ use ps_codec::{Codec, CompressOptions, Encoder, ErrorFeedback, PullCodec, RowErr
 use ps_core::{Encoding, TableName};
 
 use crate::admin::table_name;
+use crate::held::HeldRows;
 use crate::{ClientError, PsClient};
 
 /// How one table's values travel.
@@ -83,6 +84,8 @@ pub(crate) struct TableState {
     pub codec: TableCodec,
     pub sender: Arc<Mutex<Sender>>,
     pub replica: Arc<tokio::sync::Mutex<DeltaReplica>>,
+    /// A sparse table's rows as last pulled ([`crate::ClientConfig::held_rows_mib`]).
+    pub held: Arc<Mutex<Option<HeldRows>>>,
 }
 
 /// The codecs of every table this client has touched.
@@ -113,6 +116,7 @@ impl Codecs {
                 rows: None,
             })),
             replica: Arc::default(),
+            held: Arc::default(),
         }
     }
 

@@ -52,6 +52,13 @@ pub struct ClientConfig {
     /// it, a row not pushed again for a while gives its residual up for a new row's
     /// ([`ps_codec::RowErrorFeedback`]; [`crate::PsClient::row_residuals`] counts them).
     pub row_residual_mib: usize,
+    /// Memory for the rows of one sparse table this client keeps from its pulls, in MiB
+    /// (0: none kept). A pull then tells the shards which rows it holds, by a digest of their
+    /// values, and gets only the rows that changed; the rest come from here. Exact under any
+    /// consistency model (rows are compared by value), for pulls whose codec rounds each row
+    /// on its own (not int8 rows shorter than its block of 32 values). Past the limit, rows
+    /// not asked for lately give their room up.
+    pub held_rows_mib: usize,
 }
 
 /// A source of the current shard map (the scheduler, for workers).
@@ -84,6 +91,7 @@ impl ClientConfig {
             bulk: true,
             credentials: crate::Credentials::default(),
             row_residual_mib: 256,
+            held_rows_mib: 0,
         }
     }
 }

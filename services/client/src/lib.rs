@@ -33,6 +33,7 @@ mod config;
 mod delta;
 mod dense;
 mod error;
+mod held;
 mod link;
 mod model;
 mod push;
@@ -116,6 +117,7 @@ impl PsClient {
             encode_nanos: AtomicU64::new(0),
             pulled_wire: AtomicU64::new(0),
             pulled_raw: AtomicU64::new(0),
+            rows_unchanged: AtomicU64::new(0),
             clock: AtomicU64::new(u64::MAX),
         };
         let n = this.num_shards;
@@ -205,6 +207,12 @@ impl PsClient {
             self.inner.pulled_wire.load(Ordering::Relaxed),
             self.inner.pulled_raw.load(Ordering::Relaxed),
         )
+    }
+
+    /// Rows this client's sparse pulls found unchanged since it last pulled them, over its
+    /// life: rows it held ([`ClientConfig::held_rows_mib`]) and did not get again.
+    pub fn rows_unchanged(&self) -> u64 {
+        self.inner.rows_unchanged.load(Ordering::Relaxed)
     }
 
     /// Sets the job clock this client's sparse pushes carry from now on (tables with

@@ -3,13 +3,15 @@
 //! order.
 
 use futures::stream::{self, StreamExt, TryStreamExt};
+use ps_codec::PullCodec;
 use ps_codec::{Encoded, RowErrorFeedback};
-use ps_core::{Payload, TableSpec};
+use ps_core::{Held, Payload, TableSpec};
 use ps_proto::v1 as pb;
 
 use crate::compress::Sender;
+use crate::held::HeldRows;
 use crate::push::{settle, wire_metric};
-use crate::{ClientError, PsClient, PullCodec, PushSummary};
+use crate::{ClientError, PsClient, PushSummary};
 
 impl PsClient {
     /// Pushes gradients for rows `ids` of sparse table `name`: `grads` holds `ids.len() * dim`
@@ -172,19 +174,51 @@ impl PsClient {
         pull: Option<PullCodec>,
     ) -> Result<Vec<f32>, ClientError> {
         let (spec, dim) = self.sparse_dim(name).await?;
-        let mut codec = self.inner.codecs.get(&spec.name).0;
+        let state = self.inner.codecs.state_of(&spec.name);
+        let mut codec = state.codec;
         codec.pull = pull.unwrap_or(codec.pull);
         let accept = codec.pull.encoding();
         let bytes_per_value = codec.pull_bytes_per_value();
         let groups = self.group_ids(&spec, ids, dim, bytes_per_value);
         let table = spec.name.to_string();
         let mut out = vec![0.0f32; ids.len() * dim];
-        let mut answers = stream::iter(groups.into_iter().map(|(shard, positions)| {
+        // The table's held rows, for pulls under its own codec whose rows are rounded each on
+        // its own; their values go into `out` now, and what each request says it holds.
+        let held_rows = (pull.is_none()
+            && self.inner.cfg.held_rows_mib > 0
+            && PullCodec::rows_stand_alone(accept, dim))
+        .then_some(&state.held);
+        let groups: Vec<(usize, Vec<usize>, Held)> = match held_rows {
+            Some(held) => {
+                let mut guard = held.lock();
+                let rows = match guard.as_mut() {
+                    Some(rows) if rows.dim() == dim => rows,
+                    _ => guard.insert(HeldRows::new(
+                        dim,
+                        self.inner.cfg.held_rows_mib.saturating_mul(1 << 20),
+                    )),
+                };
+                groups
+                    .into_iter()
+                    .map(|(shard, positions)| {
+                        let asked = rows.ask(ids, &positions, &mut out);
+                        (shard, positions, asked)
+                    })
+                    .collect()
+            }
+            None => groups
+                .into_iter()
+                .map(|(shard, positions)| (shard, positions, Held::default()))
+                .collect(),
+        };
+        let mut answers = stream::iter(groups.into_iter().map(|(shard, positions, asked)| {
             let req = pb::PullSparseRequest {
                 table: table.clone(),
                 ids: positions.iter().map(|&p| ids[p]).collect(),
                 accept: ps_core::payload::encoding_to_pb(accept) as i32,
                 map_epoch: 0,
+                held: asked.mask.clone(),
+                held_digests: asked.digests.clone(),
             };
             let call = self.inner.call(shard, move |mut c, map_epoch| {
                 let req = pb::PullSparseRequest {
@@ -193,14 +227,23 @@ impl PsClient {
                 };
                 async move { c.pull_sparse(req).await }
             });
-            async move { call.await.map(|r| (positions, r)) }
+            async move { call.await.map(|r| (positions, asked, r)) }
         }))
         .buffer_unordered(self.inner.cfg.max_in_flight);
         let codec_name = codec.pull.for_rows().to_string();
-        while let Some((positions, resp)) = answers.try_next().await? {
+        while let Some((positions, asked, resp)) = answers.try_next().await? {
+            let unchanged = Held {
+                mask: resp.unchanged,
+                digests: Vec::new(),
+            };
+            let kept = unchanged_rows(&positions, &asked, &unchanged)?;
             if let Some(v) = &resp.values {
-                self.inner
-                    .count_pull(&table, &codec_name, v.data.len() as u64, v.num_values);
+                self.inner.count_pull(
+                    &table,
+                    &codec_name,
+                    v.data.len() as u64,
+                    (positions.len() * dim) as u64,
+                );
             }
             let values = resp
                 .values
@@ -208,9 +251,10 @@ impl PsClient {
                 .and_then(|v| {
                     Payload::try_from(v).map_err(|e| ClientError::Protocol(e.to_string()))
                 })?;
-            if values.len() != positions.len() * dim {
+            let sent = positions.len() - kept;
+            if values.len() != sent * dim {
                 return Err(ClientError::Protocol(format!(
-                    "asked for {} rows of dim {dim}, got {} values",
+                    "asked for {} rows of dim {dim}, {kept} of them unchanged, got {} values",
                     positions.len(),
                     values.len()
                 )));
@@ -218,9 +262,25 @@ impl PsClient {
             let rows = values
                 .to_vec()
                 .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            for (&p, row) in positions.iter().zip(rows.chunks_exact(dim)) {
+            let fresh = positions
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !unchanged.has(*i))
+                .map(|(_, &p)| p);
+            for (p, row) in fresh.clone().zip(rows.chunks_exact(dim)) {
                 out[p * dim..(p + 1) * dim].copy_from_slice(row);
             }
+            if let Some(held) = held_rows {
+                let mut guard = held.lock();
+                if let Some(h) = guard.as_mut().filter(|h| h.dim() == dim) {
+                    for (p, row) in fresh.zip(rows.chunks_exact(dim)) {
+                        h.keep(ids[p], row);
+                    }
+                }
+            }
+            self.inner
+                .rows_unchanged
+                .fetch_add(kept as u64, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(out)
     }
@@ -251,4 +311,29 @@ impl PsClient {
             })
             .collect()
     }
+}
+
+/// How many rows of a pull's answer are marked `unchanged`: none when the mask is empty, else
+/// it must be a bit per row asked for, marking only rows the request said it held.
+fn unchanged_rows(
+    positions: &[usize],
+    asked: &Held,
+    unchanged: &Held,
+) -> Result<usize, ClientError> {
+    if unchanged.mask.is_empty() {
+        return Ok(0);
+    }
+    let bad = |why: &str| Err(ClientError::Protocol(format!("PullSparse answer: {why}")));
+    if unchanged.mask.len() != positions.len().div_ceil(8) {
+        return bad("the unchanged rows' mask is not a bit per row asked for");
+    }
+    if unchanged
+        .mask
+        .iter()
+        .zip(asked.mask.iter().chain(std::iter::repeat(&0)))
+        .any(|(u, h)| u & !h != 0)
+    {
+        return bad("a row marked unchanged that the client does not hold");
+    }
+    Ok(unchanged.count())
 }

@@ -60,6 +60,18 @@ impl PullCodec {
         (MIN.div_ceil(dim) * dim).min(MAX / dim * dim)
     }
 
+    /// Whether `encoding` rounds each row of `dim` values on its own, so that a row's values
+    /// as pulled do not depend on the rows sent beside it: always but for int8 with rows
+    /// shorter than (or cut across) its block. Only such rows can be held by a client and
+    /// answered as unchanged.
+    pub fn rows_stand_alone(encoding: Encoding, dim: usize) -> bool {
+        match encoding {
+            Encoding::F32 | Encoding::F16 | Encoding::Bf16 => dim > 0,
+            Encoding::Int8 => dim > 0 && Self::int8_block(dim) == dim,
+            _ => false,
+        }
+    }
+
     /// The ratio of a delta pull.
     pub fn delta_ratio(&self) -> Option<f64> {
         match *self {
@@ -166,6 +178,12 @@ mod tests {
             PullCodec::F16
         );
         assert_eq!(PullCodec::Int8.for_rows(), PullCodec::Int8);
+        assert!(PullCodec::rows_stand_alone(Encoding::Int8, 32));
+        assert!(PullCodec::rows_stand_alone(Encoding::Int8, 4096));
+        assert!(!PullCodec::rows_stand_alone(Encoding::Int8, 1));
+        assert!(!PullCodec::rows_stand_alone(Encoding::Int8, 5000));
+        assert!(PullCodec::rows_stand_alone(Encoding::F16, 1));
+        assert!(!PullCodec::rows_stand_alone(Encoding::Sign, 32));
         assert_eq!(PullCodec::Int8.encoding(), Encoding::Int8);
         // Whole rows per scale, at least 32 values, at most 4096.
         for (dim, block) in [

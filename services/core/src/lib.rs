@@ -37,7 +37,7 @@ pub use export::ExportPart;
 pub use job::{Consistency, JobSpec, JobTable};
 pub use partition::Partitioner;
 pub use payload::{Encoding, Payload};
-pub use request::{PullDense, PullSparse, PushDense, PushId, PushSparse};
+pub use request::{Held, PullDense, PullSparse, PushDense, PushId, PushSparse};
 pub use table::{
     DenseShape, Initializer, InitializerKind, NonFinitePolicy, Optimizer, TableKind, TableName,
     TableSpec,

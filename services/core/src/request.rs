@@ -236,24 +236,137 @@ pub struct PullSparse {
     pub ids: Vec<u64>,
     pub accept: Encoding,
     pub map_epoch: u64,
+    /// The rows the client holds (empty: none).
+    pub held: Held,
 }
 
 impl TryFrom<pb::PullSparseRequest> for PullSparse {
     type Error = ValidationError;
 
     fn try_from(r: pb::PullSparseRequest) -> Result<Self, Self::Error> {
+        let held = Held {
+            mask: r.held,
+            digests: r.held_digests,
+        };
+        held.check(r.ids.len())?;
         Ok(Self {
             table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
             ids: r.ids,
             accept: accept_from_pb(r.accept)?,
             map_epoch: r.map_epoch,
+            held,
         })
+    }
+}
+
+/// A bit per row of a request (bit `i % 8` of byte `i / 8`), and values for the rows whose bit
+/// is set, in order: a pull's held rows and their digests (`PullSparseRequest.held`), or with
+/// no values, an answer's unchanged rows (`PullSparseResponse.unchanged`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Held {
+    pub mask: Vec<u8>,
+    /// [`crate::hash::row_digest`] of each held row's values as the client got them.
+    pub digests: Vec<u64>,
+}
+
+impl Held {
+    /// A mask of `rows` bits, all clear.
+    pub fn clear(rows: usize) -> Self {
+        Self {
+            mask: vec![0; rows.div_ceil(8)],
+            digests: Vec::new(),
+        }
+    }
+
+    /// Whether no row is marked.
+    pub fn is_empty(&self) -> bool {
+        self.mask.iter().all(|&b| b == 0)
+    }
+
+    /// Whether row `i` is marked.
+    pub fn has(&self, i: usize) -> bool {
+        self.mask.get(i / 8).is_some_and(|b| b >> (i % 8) & 1 == 1)
+    }
+
+    /// Marks row `i` (within the mask's rows).
+    pub fn mark(&mut self, i: usize) {
+        self.mask[i / 8] |= 1 << (i % 8);
+    }
+
+    /// Rows marked.
+    pub fn count(&self) -> usize {
+        self.mask.iter().map(|b| b.count_ones() as usize).sum()
+    }
+
+    /// Refuses a mask that is not one bit per row of `rows` (bits past the last clear), or
+    /// digests that are not one per marked row. Both empty: none held.
+    pub fn check(&self, rows: usize) -> Result<(), ValidationError> {
+        if self.mask.is_empty() && self.digests.is_empty() {
+            return Ok(());
+        }
+        if self.mask.len() != rows.div_ceil(8) {
+            return Err(ValidationError::new(
+                "held",
+                format!(
+                    "{} bytes for {rows} ids; a bit per id takes {}",
+                    self.mask.len(),
+                    rows.div_ceil(8)
+                ),
+            ));
+        }
+        if !rows.is_multiple_of(8) && self.mask.last().is_some_and(|b| b >> (rows % 8) != 0) {
+            return Err(ValidationError::new("held", "bits set past the last id"));
+        }
+        if self.count() != self.digests.len() {
+            return Err(ValidationError::new(
+                "held_digests",
+                format!(
+                    "{} digests for {} held rows; one per held row",
+                    self.digests.len(),
+                    self.count()
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn held_rows_are_checked_against_the_ids() {
+        let pull = |ids: usize, held: &[u8], digests: Vec<u64>| {
+            PullSparse::try_from(pb::PullSparseRequest {
+                table: "emb".into(),
+                ids: (0..ids as u64).collect(),
+                held: held.to_vec(),
+                held_digests: digests,
+                ..Default::default()
+            })
+        };
+        let ok = pull(10, &[0b0000_0101, 0b10], vec![1, 2, 3]).unwrap();
+        assert!(ok.held.has(0) && !ok.held.has(1) && ok.held.has(2) && ok.held.has(9));
+        assert_eq!(ok.held.count(), 3);
+        assert!(pull(10, &[], vec![]).unwrap().held.is_empty());
+        let field = |e: ValidationError| (e.field, e.reason);
+        assert_eq!(
+            field(pull(10, &[1], vec![1]).unwrap_err()).0,
+            "held",
+            "one byte for ten ids"
+        );
+        assert!(
+            field(pull(10, &[1, 0b100], vec![1, 2]).unwrap_err())
+                .1
+                .contains("past the last id")
+        );
+        assert_eq!(
+            field(pull(10, &[1, 0], vec![1, 2]).unwrap_err()).0,
+            "held_digests"
+        );
+        assert_eq!(field(pull(8, &[], vec![7]).unwrap_err()).0, "held");
+    }
 
     #[test]
     fn push_id_is_required_and_checked() {

@@ -360,22 +360,28 @@ class PushSparseRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., map_epoch: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Payload, _Mapping]] = ..., clock: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., authorization: _Optional[str] = ...) -> None: ...
 
 class PullSparseRequest(_message.Message):
-    __slots__ = ("table", "ids", "accept", "map_epoch")
+    __slots__ = ("table", "ids", "accept", "map_epoch", "held", "held_digests")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_FIELD_NUMBER: _ClassVar[int]
     MAP_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HELD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     accept: Encoding
     map_epoch: int
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., accept: _Optional[_Union[Encoding, str]] = ..., map_epoch: _Optional[int] = ...) -> None: ...
+    held: bytes
+    held_digests: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., accept: _Optional[_Union[Encoding, str]] = ..., map_epoch: _Optional[int] = ..., held: _Optional[bytes] = ..., held_digests: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PullSparseResponse(_message.Message):
-    __slots__ = ("values",)
+    __slots__ = ("values", "unchanged")
     VALUES_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
     values: Payload
-    def __init__(self, values: _Optional[_Union[Payload, _Mapping]] = ...) -> None: ...
+    unchanged: bytes
+    def __init__(self, values: _Optional[_Union[Payload, _Mapping]] = ..., unchanged: _Optional[bytes] = ...) -> None: ...
 
 class PushResponse(_message.Message):
     __slots__ = ("duplicate", "applied_values", "skipped_non_finite")
