@@ -324,8 +324,8 @@ fn unchanged_rows(
         return Ok(0);
     }
     let bad = |why: &str| Err(ClientError::Protocol(format!("PullSparse answer: {why}")));
-    if unchanged.mask.len() != positions.len().div_ceil(8) {
-        return bad("the unchanged rows' mask is not a bit per row asked for");
+    if let Err(e) = unchanged.check_mask(positions.len()) {
+        return bad(&format!("the unchanged rows' mask: {}", e.reason));
     }
     if unchanged
         .mask

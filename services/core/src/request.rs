@@ -304,6 +304,22 @@ impl Held {
         if self.mask.is_empty() && self.digests.is_empty() {
             return Ok(());
         }
+        self.check_mask(rows)?;
+        if self.count() != self.digests.len() {
+            return Err(ValidationError::new(
+                "held_digests",
+                format!(
+                    "{} digests for {} held rows; one per held row",
+                    self.digests.len(),
+                    self.count()
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Refuses a mask that is not one bit per row of `rows` (bits past the last clear).
+    pub fn check_mask(&self, rows: usize) -> Result<(), ValidationError> {
         if self.mask.len() != rows.div_ceil(8) {
             return Err(ValidationError::new(
                 "held",
@@ -316,16 +332,6 @@ impl Held {
         }
         if !rows.is_multiple_of(8) && self.mask.last().is_some_and(|b| b >> (rows % 8) != 0) {
             return Err(ValidationError::new("held", "bits set past the last id"));
-        }
-        if self.count() != self.digests.len() {
-            return Err(ValidationError::new(
-                "held_digests",
-                format!(
-                    "{} digests for {} held rows; one per held row",
-                    self.digests.len(),
-                    self.count()
-                ),
-            ));
         }
         Ok(())
     }
