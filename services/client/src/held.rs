@@ -37,13 +37,17 @@ pub(crate) struct HeldRows {
 }
 
 impl HeldRows {
+    /// Bytes a held row of `dim` values takes: its values, id, digest, state and its entry in
+    /// the map.
+    fn row_bytes(dim: usize) -> usize {
+        dim * 4 + 8 + 8 + 1 + 24
+    }
+
     /// Rows of `dim` values, at most as many as fit in `bytes` (at least one).
     pub fn new(dim: usize, bytes: usize) -> Self {
-        // Each row: its values, id, digest, state and its entry in the map.
-        let per_row = dim * 4 + 8 + 8 + 1 + 24;
         Self {
             dim,
-            max_rows: (bytes / per_row).clamp(1, u32::MAX as usize),
+            max_rows: (bytes / Self::row_bytes(dim)).clamp(1, u32::MAX as usize),
             slots: HashMap::default(),
             values: Vec::new(),
             owner: Vec::new(),
@@ -124,7 +128,7 @@ mod tests {
 
     /// Room for exactly `rows` rows of `dim`.
     fn room(rows: usize, dim: usize) -> HeldRows {
-        HeldRows::new(dim, rows * (dim * 4 + 8 + 8 + 1 + 24))
+        HeldRows::new(dim, rows * HeldRows::row_bytes(dim))
     }
 
     #[test]
