@@ -591,7 +591,7 @@ impl Job {
         let assignment = self.assignment(id);
         let state = self.state;
         let w = self.member(id)?;
-        if stop || done {
+        if stop {
             return Ok(Some(Grant {
                 ready: false,
                 clock,
@@ -600,6 +600,12 @@ impl Job {
                 state,
                 stop: true,
             }));
+        }
+        if done {
+            // A worker that has finished the job's clocks is told to stop only when every
+            // worker has (the job has ended), so that what it reads then (a final evaluation,
+            // an export) holds every worker's last push. Its wait is not a staleness wait.
+            return Ok(None);
         }
         if !may {
             w.waiting_since.get_or_insert(now);

@@ -280,3 +280,85 @@ async fn worker_ids_and_shard_slots_belong_to_the_caller_that_took_them() {
         .await
         .unwrap();
 }
+
+/// A worker that has finished the job's clocks is stopped only once every worker has: what it
+/// reads after its stop (a final evaluation, an export) then holds every worker's last push.
+/// A worker that goes away (its lease expires) ends the wait as finishing would.
+#[tokio::test(start_paused = true)]
+async fn a_finished_worker_is_stopped_when_the_others_have_finished_too() {
+    let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
+    let mut spec = JobSpec::from_toml(JOB).unwrap();
+    spec.name = "leases".into();
+    spec.num_workers = 3;
+    spec.max_clocks = 2;
+    s.submit(spec).await.unwrap();
+    let (a, _) = s.join("leases", "a", 0, "").unwrap();
+    let (b, _) = s.join("leases", "b", 0, "").unwrap();
+    let (c, _) = s.join("leases", "c", 0, "").unwrap();
+    let wait = Some(Duration::from_millis(10));
+    let report = |finished| ps_scheduler::state::ClockReport {
+        finished,
+        ..Default::default()
+    };
+    let state = || s.with_job("leases", |j, _| j.state).unwrap();
+    for finished in 0..2 {
+        let (g, _) = s
+            .advance("leases", a.worker_id, "", report(Some(finished)), wait)
+            .await
+            .unwrap();
+        if finished == 1 {
+            assert!(!g.stop && !g.ready, "a waits for b and c: {g:?}");
+        }
+    }
+    // Asking again (the long poll ran out) still waits.
+    let (g, _) = s
+        .advance("leases", a.worker_id, "", report(None), wait)
+        .await
+        .unwrap();
+    assert!(!g.stop && !g.ready, "{g:?}");
+    assert!(!state().is_terminal());
+
+    // b finishes both clocks; c's lease runs out while a and b heartbeat.
+    s.advance("leases", b.worker_id, "", report(Some(0)), wait)
+        .await
+        .unwrap();
+    let (g, _) = s
+        .advance("leases", b.worker_id, "", report(Some(1)), wait)
+        .await
+        .unwrap();
+    assert!(!g.stop, "c has not finished: {g:?}");
+    let waiting = {
+        let s = s.clone();
+        tokio::spawn(async move {
+            s.advance(
+                "leases",
+                a.worker_id,
+                "",
+                report(None),
+                Some(Duration::from_secs(30)),
+            )
+            .await
+        })
+    };
+    for _ in 0..6 {
+        advance(Duration::from_millis(250)).await;
+        s.worker_heartbeat("leases", a.worker_id, "").unwrap();
+        s.worker_heartbeat("leases", b.worker_id, "").unwrap();
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        !live(&s).iter().any(|w| w.0 == c.worker_id && w.1),
+        "c's lease expired"
+    );
+    assert!(state().is_terminal(), "{:?}", state());
+    let (g, _) = waiting.await.unwrap().unwrap();
+    assert!(
+        g.stop,
+        "a, waiting, is stopped once the job has ended: {g:?}"
+    );
+    let (g, _) = s
+        .advance("leases", b.worker_id, "", report(None), wait)
+        .await
+        .unwrap();
+    assert!(g.stop, "{g:?}");
+}

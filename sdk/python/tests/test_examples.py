@@ -36,17 +36,16 @@ def accuracies(out: str) -> dict:
 def test_numpy_worker_trains_beside_a_rust_worker(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = run(tmp_path, "numpy", capsys)
     acc = accuracies(out)
-    # Both workers train one model. Each reads it once it has finished its own clocks (the
-    # scheduler stops a worker at the job's last clock without waiting for the others), so one
-    # of them may miss the other's last push: one step apart, a point or so (82.66% against
-    # 83.70% seen in CI).
+    # Both workers train one model and read it once the job has ended (the scheduler stops a
+    # worker that has finished its clocks only when every worker has), so both evaluate the
+    # same values on the same test set.
     assert set(acc) == {"python-0", "rust-0"}, out
     assert acc["python-0"] > 75.0, out
-    assert abs(acc["python-0"] - acc["rust-0"]) < 2.5, out
+    assert abs(acc["python-0"] - acc["rust-0"]) < 1.0, out
     assert "clock   300" in out
 
 
 def test_torch_worker_trains_beside_a_rust_worker(tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("torch")
     acc = accuracies(run(tmp_path, "torch", capsys))
-    assert acc["python-0"] > 75.0 and abs(acc["python-0"] - acc["rust-0"]) < 2.5, acc
+    assert acc["python-0"] > 75.0 and abs(acc["python-0"] - acc["rust-0"]) < 1.0, acc

@@ -352,7 +352,9 @@ pub struct Grant {
     pub num_data_shards: u32,
     /// Examples to compute this clock (0: the job sets no global batch).
     pub batch_size: u64,
-    /// The job has ended (or this worker has finished `max_clocks`): stop training.
+    /// The job has ended (every worker has finished `max_clocks`, or it was stopped): stop
+    /// training. A worker that has finished `max_clocks` waits here for the others, so what it
+    /// reads after this holds every worker's pushes.
     pub stop: bool,
     /// Set when a resume moved this worker back to an earlier clock.
     pub restarted: bool,

@@ -104,9 +104,9 @@ class Session:
 
     def advance(self, *, examples: int = 0, compute_seconds: Optional[float] = None, param_age_seconds: float = 0.0) -> Optional[int]:
         """Reports the current clock done (every push of it acknowledged) and waits until the
-        consistency model lets the next one start; returns it (``None``: the job has ended, or
-        this worker has finished the job's ``max_clocks``, which it is told without waiting for
-        the other workers to finish theirs)."""
+        consistency model lets the next one start; returns it (``None``: the job has ended; a
+        worker that has finished the job's ``max_clocks`` waits here until every worker has, so
+        that what it reads afterwards holds all their pushes)."""
         compute = time.monotonic() - self._started if compute_seconds is None else compute_seconds
         return self._report(self.clock, examples, compute, param_age_seconds)
 
