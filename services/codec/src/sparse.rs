@@ -43,7 +43,18 @@ pub fn top_k_entries(values: &[f32], k: usize) -> (Vec<u32>, Vec<f32>) {
         return ((0..n as u32).collect(), values.to_vec());
     }
     if n <= EXACT_TOP_K_MAX || k > n / 8 {
-        keep_largest((0..n as u32).collect(), values.to_vec(), k)
+        // Straight from `values`: only the kept entries are copied out.
+        let (kth, mut ties) = kth_largest(values, k);
+        let (mut idx, mut vals) = (Vec::with_capacity(k), Vec::with_capacity(k));
+        for (i, &v) in values.iter().enumerate() {
+            let x = key(v);
+            if x > kth || (x == kth && ties > 0) {
+                ties -= usize::from(x == kth);
+                idx.push(i as u32);
+                vals.push(v);
+            }
+        }
+        (idx, vals)
     } else {
         sampled_top_k(values, k)
     }
@@ -57,10 +68,7 @@ fn keep_largest(mut idx: Vec<u32>, mut vals: Vec<f32>, k: usize) -> (Vec<u32>, V
     if idx.len() <= k {
         return (idx, vals);
     }
-    let mut keys: Vec<u32> = vals.iter().map(|&v| key(v)).collect();
-    let kth = *keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a)).1;
-    let above = keys.iter().filter(|&&x| x > kth).count();
-    let mut ties = k - above;
+    let (kth, mut ties) = kth_largest(&vals, k);
     let mut kept = 0usize;
     for i in 0..idx.len() {
         let x = key(vals[i]);
@@ -73,6 +81,15 @@ fn keep_largest(mut idx: Vec<u32>, mut vals: Vec<f32>, k: usize) -> (Vec<u32>, V
     idx.truncate(kept);
     vals.truncate(kept);
     (idx, vals)
+}
+
+/// The `k`-th largest magnitude key of `vals` (`0 < k < vals.len()`), by selection (O(len) on
+/// average), and how many entries at that key the largest `k` take.
+fn kth_largest(vals: &[f32], k: usize) -> (u32, usize) {
+    let mut keys: Vec<u32> = vals.iter().map(|&v| key(v)).collect();
+    let kth = *keys.select_nth_unstable_by(k - 1, |a, b| b.cmp(a)).1;
+    let above = keys.iter().filter(|&&x| x > kth).count();
+    (kth, k - above)
 }
 
 /// Top-k for large inputs: the threshold at a slightly generous quantile of a random sample of
