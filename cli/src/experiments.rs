@@ -243,9 +243,11 @@ fn ctr_link_suite(
                 of it rows and their ids. Top-k 1% sends the largest 1% of a request's values \
                 and only the rows holding one of them, with their ids; fp16 and int8 pulls round rows and dense tables alike \
                 (int8: a byte a value and one f32 scale per row of 32); delta top-k pulls the \
-                dense tables as the top 2% of their change and the rows in fp16. The ids (8 \
-                bytes each, in every pull of each table and for every row pushed) are not \
-                compressed. Pulls of changed rows: each worker keeps the embedding rows it \
+                dense tables as the top 2% of their change and the rows in fp16. The ids \
+                (64-bit hashes, about 9.5 bytes each as protobuf varints, in every pull of \
+                each table and for every row pushed) are not compressed: a step's pull \
+                requests carry about 44 KB of them up, more than any configuration but f32 \
+                pushes. Pulls of changed rows: each worker keeps the embedding rows it \
                 pulled (`--held-rows-mib 64`) and sends a 64-bit digest of each one it holds \
                 beside its id; the shards send only the rows whose values differ (with top-k \
                 pushes, about half of a step's rows are unchanged since the worker last \
@@ -451,6 +453,10 @@ pub struct RunResult {
     pub pull_wire_bytes_per_step: f64,
     #[serde(default)]
     pub pull_raw_bytes_per_step: f64,
+    /// What the evaluating worker's pull requests sent up per clock (ids, held rows'
+    /// digests); `None` in results from before it was measured.
+    #[serde(default)]
+    pub pull_request_bytes_per_step: Option<f64>,
     /// The evaluating worker's mean milliseconds per step, by phase.
     #[serde(default)]
     pub phase_ms_per_step: PhaseMs,
@@ -641,6 +647,7 @@ async fn run_one(
         raw_bytes_per_step: fin.raw_bytes_per_step,
         pull_wire_bytes_per_step: fin.pull_wire_bytes_per_step,
         pull_raw_bytes_per_step: fin.pull_raw_bytes_per_step,
+        pull_request_bytes_per_step: Some(fin.pull_request_bytes_per_step),
         phase_ms_per_step: fin.phase_ms_per_step,
         train_s: fin.eval.train_s,
         time_to_target_s: evals
@@ -765,6 +772,8 @@ struct Row {
     train_s: f64,
     pull_wire: f64,
     pull_raw: f64,
+    /// Pull requests' bytes per step, where the runs measured them.
+    asked: Option<f64>,
     phases: PhaseMs,
 }
 
@@ -791,6 +800,13 @@ fn rows(suite: &Suite, results: &[RunResult]) -> Vec<Row> {
                 train_s: mean_std(&col(|r| r.train_s)).0,
                 pull_wire: mean_std(&col(|r| r.pull_wire_bytes_per_step)).0,
                 pull_raw: mean_std(&col(|r| r.pull_raw_bytes_per_step)).0,
+                asked: {
+                    let asked: Vec<f64> = runs
+                        .iter()
+                        .filter_map(|r| r.pull_request_bytes_per_step)
+                        .collect();
+                    (!asked.is_empty()).then(|| mean_std(&asked).0)
+                },
                 phases: PhaseMs {
                     pull: phase(|p| p.pull),
                     data: phase(|p| p.data),
@@ -849,16 +865,18 @@ fn link_table(
     let (f32_time, ..) = time_to(suite, F32_BOTH, results, bar);
     let _ = writeln!(
         md,
-        "\nTime to f32's final accuracy less half a point ({}), and where a step's time goes \
+        "\nTime to f32's final accuracy less half a point ({}), the bytes of a step (pushed: \
+         the pushes up; pulled: the answers down, f32 beside them; pull requests: the ids and \
+         digests asked for, up), and where a step's time goes \
          (mean ms per step of the evaluating worker):\n",
         pct(bar)
     );
     let _ = writeln!(
         md,
-        "| configuration | epochs | pushed / step | pulled / step | time to {} | speed-up over f32 | pull | compute | encode | push | wait |",
+        "| configuration | epochs | pushed / step | pulled / step | pull requests / step | time to {} | speed-up over f32 | pull | compute | encode | push | wait |",
         pct(bar)
     );
-    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|");
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (r, c) in rows.iter().zip(&suite.configs) {
         let (t, reached, runs) = time_to(suite, c.label, results, bar);
         let (time, speedup) = if reached == 0 {
@@ -872,9 +890,12 @@ fn link_table(
             (format!("{t:.1} s{of}"), format!("{:.2}x", f32_time / t))
         };
         let p = &r.phases;
+        let asked = r
+            .asked
+            .map_or_else(|| "not measured".to_owned(), |a| format!("{a:.0} B"));
         let _ = writeln!(
             md,
-            "| {} | {} | {:.0} B | {:.0} B ({:.0}) | {time} | {speedup} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
+            "| {} | {} | {:.0} B | {:.0} B ({:.0}) | {asked} | {time} | {speedup} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} |",
             r.label,
             suite.epochs * c.epochs_factor * epochs_scale,
             r.wire,
@@ -1240,6 +1261,7 @@ mod tests {
             raw_bytes_per_step: 1.0,
             pull_wire_bytes_per_step: 1.0,
             pull_raw_bytes_per_step: 1.0,
+            pull_request_bytes_per_step: None,
             phase_ms_per_step: PhaseMs::default(),
             train_s: 1.0,
             time_to_target_s: Some(0.5),

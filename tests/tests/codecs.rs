@@ -1150,13 +1150,22 @@ async fn held_rows_come_again_only_when_changed() {
             holding.rows_unchanged() - unchanged,
         )
     };
+    let asked = holding.pull_request_bytes();
     let (first, kept) = pull(&ids).await;
+    let asked_first = holding.pull_request_bytes() - asked;
     assert_eq!(kept, 0);
     assert!(first >= 300 * 36, "{first} bytes for 300 rows");
-    // Nothing changed: no row comes again.
+    // Nothing changed: no row comes again. Asking for them cost a digest (8 bytes) a row
+    // more, and a bit of mask.
+    let asked = holding.pull_request_bytes();
     let (again, kept) = pull(&ids).await;
+    let asked_again = holding.pull_request_bytes() - asked;
     assert_eq!(kept, 300);
     assert!(again < 200, "{again} bytes for 300 unchanged rows");
+    assert!(
+        asked_first >= 300 * 2 && (300 * 8..300 * 8 + 100).contains(&(asked_again - asked_first)),
+        "pull requests of {asked_first} then {asked_again} bytes"
+    );
     // 50 rows pushed: those come again, with their new values.
     plain
         .push_sparse("hr", &ids[..50], &gradient(50 * 32, 5))

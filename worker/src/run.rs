@@ -39,6 +39,8 @@ pub struct Summary {
     /// Bytes the training steps pulled, on the wire and as f32 (evaluations left out).
     pub pull_wire_bytes: u64,
     pub pull_raw_bytes: u64,
+    /// Bytes of the training steps' pull requests (ids, digests; evaluations left out).
+    pub pull_request_bytes: u64,
     /// Milliseconds of the steps, summed, by phase.
     pub phases: PhaseMs,
     pub dense_pulls: u64,
@@ -77,6 +79,9 @@ pub struct StepRecord {
     pub pull_wire_bytes: u64,
     #[serde(default)]
     pub pull_raw_bytes: u64,
+    /// Bytes of the clock's pull requests: what asking sent up (ids, held rows' digests).
+    #[serde(default)]
+    pub pull_request_bytes: u64,
     /// Embedding rows holding an error-feedback residual after the clock, and rows that gave
     /// theirs up over the run (every sparse table).
     #[serde(default)]
@@ -160,6 +165,9 @@ pub struct FinalRecord {
     pub pull_wire_bytes_per_step: f64,
     #[serde(default)]
     pub pull_raw_bytes_per_step: f64,
+    /// Bytes of the evaluating worker's pull requests per clock (ids, held rows' digests).
+    #[serde(default)]
+    pub pull_request_bytes_per_step: f64,
     /// Where the evaluating worker's step time went, mean milliseconds per clock.
     #[serde(default)]
     pub phase_ms_per_step: PhaseMs,
@@ -234,6 +242,7 @@ impl RunDir {
         s.raw_bytes += r.raw_bytes;
         s.pull_wire_bytes += r.pull_wire_bytes;
         s.pull_raw_bytes += r.pull_raw_bytes;
+        s.pull_request_bytes += r.pull_request_bytes;
         s.phases.add(r);
         if let Some(w) = &mut self.steps {
             serde_json::to_writer(&mut *w, r)?;
@@ -289,6 +298,7 @@ impl RunDir {
             dense_pulls: summary.dense_pulls,
             pull_wire_bytes_per_step: summary.pull_wire_bytes as f64 / clocks,
             pull_raw_bytes_per_step: summary.pull_raw_bytes as f64 / clocks,
+            pull_request_bytes_per_step: summary.pull_request_bytes as f64 / clocks,
             phase_ms_per_step: summary.phases.scaled(1.0 / clocks),
         };
         std::fs::write(dir.join("job.json"), serde_json::to_vec_pretty(spec)?)?;

@@ -299,6 +299,7 @@ impl<B: Backend + Clone> Trainer<B> {
             );
             let mut times = StepTimes::default();
             let pulled_before = self.ps.pulled_bytes();
+            let asked_before = self.ps.pull_request_bytes();
             // The clock this step's sparse pushes carry (tables with ttl_clocks age by it).
             self.ps.set_clock(grant.clock);
             let batch = tokio::task::block_in_place(|| prefetch.next())
@@ -312,6 +313,7 @@ impl<B: Backend + Clone> Trainer<B> {
             times.pull = pull_start.elapsed();
             let pulled = self.ps.pulled_bytes();
             let (pull_wire, pull_raw) = (pulled.0 - pulled_before.0, pulled.1 - pulled_before.1);
+            let pull_asked = self.ps.pull_request_bytes() - asked_before;
             // Scale so the sum over every worker's push is the mean over the global batch.
             let global = if spec.global_batch > 0 {
                 spec.global_batch as f32
@@ -387,6 +389,7 @@ impl<B: Backend + Clone> Trainer<B> {
                 raw_bytes: pushed.raw_bytes,
                 pull_wire_bytes: pull_wire,
                 pull_raw_bytes: pull_raw,
+                pull_request_bytes: pull_asked,
                 row_residual_rows: row_residuals.0,
                 row_residuals_evicted: row_residuals.1,
                 elapsed_s: self.started.elapsed().as_secs_f64(),

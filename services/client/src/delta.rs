@@ -58,6 +58,8 @@ impl PsClient {
                     trace_context: Default::default(),
                     authorization: String::new(),
                 };
+                self.inner
+                    .count_pull_request(prost::Message::encoded_len(&req));
                 let call = self.inner.call(shard, move |mut c, map_epoch| {
                     let req = pb::PullDenseRequest {
                         map_epoch,

@@ -486,6 +486,8 @@ impl PsClient {
             trace_context: Default::default(),
             authorization: String::new(),
         };
+        self.inner
+            .count_pull_request(prost::Message::encoded_len(&req));
         let plain = accept == ps_core::Encoding::F32;
         let dsts = tokio::sync::Mutex::new(dsts);
         self.inner

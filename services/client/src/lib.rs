@@ -117,6 +117,7 @@ impl PsClient {
             encode_nanos: AtomicU64::new(0),
             pulled_wire: AtomicU64::new(0),
             pulled_raw: AtomicU64::new(0),
+            pull_asked: AtomicU64::new(0),
             rows_unchanged: AtomicU64::new(0),
             clock: AtomicU64::new(u64::MAX),
         };
@@ -207,6 +208,13 @@ impl PsClient {
             self.inner.pulled_wire.load(Ordering::Relaxed),
             self.inner.pulled_raw.load(Ordering::Relaxed),
         )
+    }
+
+    /// Bytes of the pull requests this client has sent, over its life: what asking costs the
+    /// uplink (a sparse pull's ids and held rows' digests above all). Each request is counted
+    /// once, as encoded, however many times it was sent.
+    pub fn pull_request_bytes(&self) -> u64 {
+        self.inner.pull_asked.load(Ordering::Relaxed)
     }
 
     /// Rows this client's sparse pulls found unchanged since it last pulled them, over its

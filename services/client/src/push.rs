@@ -181,4 +181,9 @@ impl Inner {
         self.pulled_raw.fetch_add(values * 4, Ordering::Relaxed);
         count_wire("pull", table, codec, wire, values * 4);
     }
+
+    /// Counts a pull request of `bytes` (as encoded) sent.
+    pub(crate) fn count_pull_request(&self, bytes: usize) {
+        self.pull_asked.fetch_add(bytes as u64, Ordering::Relaxed);
+    }
 }

@@ -220,6 +220,8 @@ impl PsClient {
                 held: asked.mask.clone(),
                 held_digests: asked.digests.clone(),
             };
+            self.inner
+                .count_pull_request(prost::Message::encoded_len(&req));
             let call = self.inner.call(shard, move |mut c, map_epoch| {
                 let req = pb::PullSparseRequest {
                     map_epoch,

@@ -50,6 +50,9 @@ pub(crate) struct Inner {
     /// Bytes of pulled values over the client's life: on the wire, and as f32.
     pub(crate) pulled_wire: AtomicU64,
     pub(crate) pulled_raw: AtomicU64,
+    /// Bytes of the pull requests this client sent (ids, held rows' digests, chunk lists,
+    /// versions), over its life.
+    pub(crate) pull_asked: AtomicU64,
     /// Sparse rows answered as unchanged, over the client's life.
     pub(crate) rows_unchanged: AtomicU64,
     /// The job clock sparse pushes carry ([`crate::PsClient::set_clock`]); `u64::MAX`: none.
