@@ -584,7 +584,7 @@ impl Job {
                 .clocks
                 .clock(id)
                 .is_some_and(|c| c >= self.spec.max_clocks);
-        let may = self.state == JobState::Running && self.clocks.may_start(id) && !done;
+        let may = self.state == JobState::Running && self.clocks.may_start(id);
         let min = self.clocks.current();
         let gap = self.clocks.gap(id);
         let clock = self.clocks.clock(id).unwrap_or(0);
