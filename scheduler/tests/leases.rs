@@ -288,7 +288,6 @@ async fn worker_ids_and_shard_slots_belong_to_the_caller_that_took_them() {
 async fn a_finished_worker_is_stopped_when_the_others_have_finished_too() {
     let s = Scheduler::open(SchedulerConfig::default(), CancellationToken::new()).unwrap();
     let mut spec = JobSpec::from_toml(JOB).unwrap();
-    spec.name = "leases".into();
     spec.num_workers = 3;
     spec.max_clocks = 2;
     s.submit(spec).await.unwrap();
