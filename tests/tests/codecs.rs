@@ -700,6 +700,17 @@ async fn pulls_in_half_precision_and_wire_metrics() {
     ] {
         assert!(text.contains(want), "{want} missing from:\n{text}");
     }
+    // What the pulls asked with, per table: together, what the client says it sent.
+    let asked = |table: &str| -> u64 {
+        let series = format!("ps_client_pull_request_bytes_total{{table=\"{table}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{series}missing from:\n{text}"))
+    };
+    let (dense, rows) = (asked("h"), asked("he"));
+    assert!(dense > 0 && rows >= 100, "{dense} and {rows} bytes asked");
+    assert_eq!(dense + rows, ps.pull_request_bytes());
     cluster.stop().await;
 }
 

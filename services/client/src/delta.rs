@@ -59,7 +59,7 @@ impl PsClient {
                     authorization: String::new(),
                 };
                 self.inner
-                    .count_pull_request(prost::Message::encoded_len(&req));
+                    .count_pull_request(&req.table, prost::Message::encoded_len(&req));
                 let call = self.inner.call(shard, move |mut c, map_epoch| {
                     let req = pb::PullDenseRequest {
                         map_epoch,

@@ -487,7 +487,7 @@ impl PsClient {
             authorization: String::new(),
         };
         self.inner
-            .count_pull_request(prost::Message::encoded_len(&req));
+            .count_pull_request(&req.table, prost::Message::encoded_len(&req));
         let plain = accept == ps_core::Encoding::F32;
         let dsts = tokio::sync::Mutex::new(dsts);
         self.inner

@@ -182,8 +182,10 @@ impl Inner {
         count_wire("pull", table, codec, wire, values * 4);
     }
 
-    /// Counts a pull request of `bytes` (as encoded) sent.
-    pub(crate) fn count_pull_request(&self, bytes: usize) {
+    /// Counts a pull request of table `table`, `bytes` long as encoded, sent.
+    pub(crate) fn count_pull_request(&self, table: &str, bytes: usize) {
         self.pull_asked.fetch_add(bytes as u64, Ordering::Relaxed);
+        metrics::counter!("ps_client_pull_request_bytes_total", "table" => table.to_owned())
+            .increment(bytes as u64);
     }
 }

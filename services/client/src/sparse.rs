@@ -221,7 +221,7 @@ impl PsClient {
                 held_digests: asked.digests.clone(),
             };
             self.inner
-                .count_pull_request(prost::Message::encoded_len(&req));
+                .count_pull_request(&req.table, prost::Message::encoded_len(&req));
             let call = self.inner.call(shard, move |mut c, map_epoch| {
                 let req = pb::PullSparseRequest {
                     map_epoch,
