@@ -436,8 +436,12 @@ impl<B: Backend + Clone> Trainer<B> {
 
     /// Pulls what a training step needs, under the tables' pull codecs, in one round: every
     /// dense table when `dense` holds the job's minimum clock (the cached copy is stale), and
-    /// the rows `batch` touches. The two go at once, not one after the other: over a slow
-    /// link the row ids go up while the dense tables come down.
+    /// the rows `batch` touches. The two go at once, not one after the other, the rows asked
+    /// first: their requests and answers are the step's long pole (ids and digests up, rows
+    /// down), and the dense tables' requests are a few bytes each, so they queue behind them
+    /// on a link at no cost. Asking the dense tables first held the rows' requests back by
+    /// about half a millisecond a step (CTR set, pulls of changed rows: pull 8.8-8.9 ms at 100
+    /// Mbit/s against 8.3-8.4 now, 5.9-6.0 against 5.5-5.6 at 1 Gbit/s).
     async fn pull_step(
         &mut self,
         batch: &Batch,
@@ -446,16 +450,7 @@ impl<B: Backend + Clone> Trainer<B> {
     ) -> anyhow::Result<()> {
         let (ps, dense_tables, sparse_tables) =
             (&self.ps, self.net.dense_tables(), self.net.sparse_tables());
-        let (tables, rows) = tokio::try_join!(
-            async {
-                match dense {
-                    Some(_) => fetch_dense(ps, dense_tables, false)
-                        .instrument(tracing::info_span!(parent: step, "pull", kind = "dense"))
-                        .await
-                        .map(Some),
-                    None => Ok(None),
-                }
-            },
+        let (rows, tables) = tokio::try_join!(
             async {
                 if sparse_tables.is_empty() {
                     Ok(None)
@@ -464,6 +459,15 @@ impl<B: Backend + Clone> Trainer<B> {
                         .instrument(tracing::info_span!(parent: step, "pull", kind = "sparse"))
                         .await
                         .map(Some)
+                }
+            },
+            async {
+                match dense {
+                    Some(_) => fetch_dense(ps, dense_tables, false)
+                        .instrument(tracing::info_span!(parent: step, "pull", kind = "dense"))
+                        .await
+                        .map(Some),
+                    None => Ok(None),
                 }
             }
         )?;
