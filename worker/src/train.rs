@@ -439,9 +439,8 @@ impl<B: Backend + Clone> Trainer<B> {
     /// the rows `batch` touches. The two go at once, not one after the other, the rows asked
     /// first: their requests and answers are the step's long pole (ids and digests up, rows
     /// down), and the dense tables' requests are a few bytes each, so they queue behind them
-    /// on a link at no cost. Asking the dense tables first held the rows' requests back by
-    /// about half a millisecond a step (CTR set, pulls of changed rows: pull 8.8-8.9 ms at 100
-    /// Mbit/s against 8.3-8.4 now, 5.9-6.0 against 5.5-5.6 at 1 Gbit/s).
+    /// on a link at no cost (asking the dense tables first held the rows back by about half a
+    /// millisecond a step: README, the CTR link suites).
     async fn pull_step(
         &mut self,
         batch: &Batch,
