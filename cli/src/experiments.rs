@@ -154,6 +154,7 @@ const TOPK_FP16_PULL: &str = "top-k 1% push, fp16 pull";
 const TOPK_DELTA_PULL: &str = "top-k 1% push, delta top-k 2% pull";
 const TOPK_INT8_PULL: &str = "top-k 1% push, int8 pull";
 const TOPK_INT8_HELD: &str = "top-k 1% push, int8 pull of changed rows";
+const TOPK_INT4_HELD: &str = "top-k 1% push, int4 pull of changed rows";
 
 /// The link suites' configurations: f32, fp16 both ways, top-k 1% pushes (with error feedback
 /// and momentum correction) with fp16 pulls, and with delta top-k pulls. Top-k configurations
@@ -220,7 +221,7 @@ fn sparse_link_suite(name: &'static str, title: &'static str, base: &'static str
 }
 
 /// The sparse model where the link matters: wide & deep on a CTR-shaped set whose batches
-/// touch thousands of rows, with int8 row pulls beside the other link configurations;
+/// touch thousands of rows, with int8 and int4 row pulls beside the other link configurations;
 /// evaluated `evals_per_epoch` times an epoch.
 fn ctr_link_suite(
     name: &'static str,
@@ -241,8 +242,9 @@ fn ctr_link_suite(
                 pulls over the emulated link. A worker's step touches about 2,300 distinct rows \
                 of each sparse table, so it moves hundreds of KB each way in f32, nearly all \
                 of it rows and their ids. Top-k 1% sends the largest 1% of a request's values \
-                and only the rows holding one of them, with their ids; fp16 and int8 pulls round rows and dense tables alike \
-                (int8: a byte a value and one f32 scale per row of 32); delta top-k pulls the \
+                and only the rows holding one of them, with their ids; fp16, int8 and int4 pulls round rows and dense \
+                tables alike (int8: a byte a value and one f32 scale per row of 32; int4: half \
+                a byte a value and the same scales); delta top-k pulls the \
                 dense tables as the top 2% of their change and the rows in fp16. The ids \
                 (64-bit hashes, about 9.5 bytes each as protobuf varints, in every pull of \
                 each table and for every row pushed) are not compressed: a step's pull \
@@ -251,8 +253,8 @@ fn ctr_link_suite(
                 pulled (`--held-rows-mib 64`) and sends a 64-bit digest of each one it holds \
                 beside its id; the shards send only the rows whose values differ (with top-k \
                 pushes, about half of a step's rows are unchanged since the worker last \
-                pulled them; the wide table's rows of one value share their int8 scales, so \
-                they all come every time).",
+                pulled them; the wide table's rows of one value share their scales, so they all \
+                come every time).",
         base,
         epochs: 1.0,
         evals_per_epoch,
@@ -267,6 +269,10 @@ fn ctr_link_suite(
             config(
                 TOPK_INT8_HELD,
                 "--codec topk:0.01 --pull-codec int8 --held-rows-mib 64",
+            ),
+            config(
+                TOPK_INT4_HELD,
+                "--codec topk:0.01 --pull-codec int4 --held-rows-mib 64",
             ),
             config(
                 TOPK_DELTA_PULL,
@@ -960,6 +966,7 @@ fn checks(suite: &Suite, rows: &[Row], results: &[RunResult]) -> Vec<Check> {
                         TOPK_FP16_PULL,
                         TOPK_INT8_PULL,
                         TOPK_INT8_HELD,
+                        TOPK_INT4_HELD,
                         TOPK_DELTA_PULL,
                     ],
                 )
@@ -971,6 +978,7 @@ fn checks(suite: &Suite, rows: &[Row], results: &[RunResult]) -> Vec<Check> {
                         TOPK_FP16_PULL,
                         TOPK_INT8_PULL,
                         TOPK_INT8_HELD,
+                        TOPK_INT4_HELD,
                         TOPK_DELTA_PULL,
                     ],
                 )

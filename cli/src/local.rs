@@ -59,16 +59,17 @@ pub struct LocalArgs {
     pub optimizer: String,
     #[arg(long, default_value_t = 0.05)]
     pub lr: f32,
-    /// The gradient codec of every table (f32, fp16, bf16, int8, sign, qsgd, topk:0.01, ...).
+    /// The gradient codec of every table (f32, fp16, bf16, int8, int4, sign, qsgd, topk:0.01,
+    /// ...).
     #[arg(long, default_value = "f32")]
     pub codec: String,
     /// How every table's pulls come back: f32, fp16, bf16, int8 (a byte a value, a scale per
-    /// block of whole rows), or delta-topk:R (dense tables as the top R of each chunk's change
+    /// block of whole rows), int4 (half a byte a value, the same scales), or delta-topk:R (dense tables as the top R of each chunk's change
     /// since the worker's last pull; sparse tables then in fp16).
     #[arg(long, default_value = "f32")]
     pub pull_codec: String,
     /// How the sparse tables' rows come back, where it should differ from --pull-codec: f32,
-    /// fp16, bf16 or int8 (with --pull-codec delta-topk:R, the dense tables' delta pulls
+    /// fp16, bf16, int8 or int4 (with --pull-codec delta-topk:R, the dense tables' delta pulls
     /// beside compact rows).
     #[arg(long, default_value = "")]
     pub row_pull_codec: String,

@@ -19,6 +19,7 @@ fn all_codecs() -> Vec<Codec> {
         Codec::F16,
         Codec::Bf16,
         Codec::Int8 { block: 64 },
+        Codec::Int4 { block: 48 },
         Codec::Sign { block: 100 },
         Codec::Qsgd {
             levels: 7,
@@ -246,6 +247,13 @@ async fn malformed_payloads_change_nothing() {
     let mut p: pb::Payload = Payload::from(int8).into();
     p.block_size = 99;
     cases.push((p, INVALID, DATA, "1000 int8 values need 1044 bytes"));
+    // int4: a code of -8, which is never written (after 10 scales, the first codes' byte).
+    let int4 = Encoder::new(plain(Codec::Int4 { block: 100 }), 0).encode(&gradient(1000, 6));
+    let mut p: pb::Payload = Payload::from(int4).into();
+    let mut data = p.data.to_vec();
+    data[40] = 0x81;
+    p.data = data.into();
+    cases.push((p, UNDECODABLE, VALUES, "the code -8"));
     let mut p: pb::Payload = good.clone().into();
     p.compression = pb::Compression::Lz4 as i32;
     p.raw_len = 4000;
@@ -640,40 +648,47 @@ async fn pulls_in_half_precision_and_wire_metrics() {
             assert_eq!(a.to_bits(), round(*b).to_bits(), "{pull}");
         }
     }
-    // int8: a byte a value and a scale per block (256 values of a dense table; 8 rows of dim
-    // 4 of a sparse one), each value within half its block's step of the shard's.
-    for table in ["h", "he"] {
-        ps.set_table_codec(
-            table,
-            TableCodec {
-                pull: PullCodec::Int8,
-                ..TableCodec::default()
-            },
-        )
-        .unwrap();
-    }
-    let (wire_before, _) = ps.pulled_bytes();
-    let got = ps.pull_dense("h").await.unwrap();
-    let rows = ps.pull_sparse("he", &ids).await.unwrap();
-    let (wire_after, _) = ps.pulled_bytes();
-    // A dense block lies within its chunk (1000 values); a sparse one holds 8 rows of one
-    // shard's request, any of the 100: bound each value by its chunk's or the rows' largest.
-    for (got, exact, span) in [(&got, &exact, 1000), (&rows, &exact_rows, 400)] {
-        for (g, e) in got.chunks(span).zip(exact.chunks(span)) {
-            let half_step = e.iter().fold(0f32, |m, v| m.max(v.abs())) / 254.0;
-            for (a, b) in g.iter().zip(e) {
-                assert!((a - b).abs() <= half_step * 1.0001, "{a} against {b}");
-            }
+    // int8 (int4): a byte (half a byte) a value and a scale per block (256 values of a dense
+    // table; 8 rows of dim 4 of a sparse one), each value within half its block's step of the
+    // shard's: the block's largest magnitude / 127 (/ 7).
+    for (pull, levels, codes) in [(PullCodec::Int8, 127.0, 5400), (PullCodec::Int4, 7.0, 2700)] {
+        for table in ["h", "he"] {
+            ps.set_table_codec(
+                table,
+                TableCodec {
+                    pull,
+                    ..TableCodec::default()
+                },
+            )
+            .unwrap();
         }
-        assert_ne!(got, exact, "int8 rounds");
+        let (wire_before, _) = ps.pulled_bytes();
+        let got = ps.pull_dense("h").await.unwrap();
+        let rows = ps.pull_sparse("he", &ids).await.unwrap();
+        let (wire_after, _) = ps.pulled_bytes();
+        // A dense block lies within its chunk (1000 values); a sparse one holds 8 rows of one
+        // shard's request, any of the 100: bound each value by its chunk's or the rows'
+        // largest.
+        for (got, exact, span) in [(&got, &exact, 1000), (&rows, &exact_rows, 400)] {
+            for (g, e) in got.chunks(span).zip(exact.chunks(span)) {
+                let half_step = e.iter().fold(0f32, |m, v| m.max(v.abs())) / levels / 2.0;
+                for (a, b) in g.iter().zip(e) {
+                    assert!(
+                        (a - b).abs() <= half_step * 1.0001,
+                        "{pull}: {a} against {b}"
+                    );
+                }
+            }
+            assert_ne!(got, exact, "{pull} rounds");
+        }
+        // 5000 + 400 values' codes and their scales (20 dense blocks: each of the shards'
+        // chunks starts its own; 13 sparse ones at most, as the rows split by shard).
+        let wire = wire_after - wire_before;
+        assert!(
+            (codes + 20 * 4..=codes + 40 * 4).contains(&wire),
+            "{pull}: {wire} bytes pulled"
+        );
     }
-    // 5000 + 400 values, a byte each, and their scales (20 dense blocks: each of the
-    // shards' chunks starts its own; 13 sparse ones at most, as the rows split by shard).
-    let wire = wire_after - wire_before;
-    assert!(
-        (5400 + 20 * 4..=5400 + 40 * 4).contains(&wire),
-        "{wire} bytes pulled"
-    );
     // A pull may not ask for a gradient codec that is not a pull encoding.
     let mut raw = ParameterServerClient::connect(cluster.endpoints[0].clone())
         .await
@@ -1117,6 +1132,68 @@ async fn push_pull_dense_pulls_each_chunk_after_its_own_push() {
     .unwrap();
     ps.push_pull_dense("pp", &g2, &mut out).await.unwrap();
     assert_eq!(out, ps.pull_dense_f32("pp").await.unwrap());
+    cluster.stop().await;
+}
+
+/// Rows pulled in int4 (16 bytes of codes and a scale a row of 32) are held as int8's are:
+/// a second pull of unchanged rows sends none of them, a changed row comes again, and every
+/// value is what a client holding nothing gets.
+#[tokio::test]
+async fn held_rows_in_int4_come_again_only_when_changed() {
+    let cluster = TestCluster::start(2).await;
+    let plain = cluster.client().await;
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.held_rows_mib = 1;
+    let holding = PsClient::connect(cfg).await.unwrap();
+    plain.create_table(sparse_sgd("h4", 32, 1.0)).await.unwrap();
+    for c in [&plain, &holding] {
+        c.set_table_codec(
+            "h4",
+            TableCodec {
+                pull: PullCodec::Int4,
+                ..TableCodec::default()
+            },
+        )
+        .unwrap();
+    }
+    let ids: Vec<u64> = (0..200).map(|i| i * 6271 + 5).collect();
+    plain
+        .push_sparse("h4", &ids, &gradient(200 * 32, 6))
+        .await
+        .unwrap();
+    let pull = async |ids: &[u64]| {
+        let (wire, _) = holding.pulled_bytes();
+        let unchanged = holding.rows_unchanged();
+        let got = holding.pull_sparse("h4", ids).await.unwrap();
+        let want = plain.pull_sparse("h4", ids).await.unwrap();
+        assert_eq!(
+            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        (
+            holding.pulled_bytes().0 - wire,
+            holding.rows_unchanged() - unchanged,
+        )
+    };
+    let (first, kept) = pull(&ids).await;
+    assert_eq!(kept, 0);
+    assert!(
+        (200 * 20..200 * 20 + 200).contains(&first),
+        "{first} bytes for 200 rows"
+    );
+    let (again, kept) = pull(&ids).await;
+    assert_eq!(kept, 200);
+    assert!(again < 150, "{again} bytes for 200 unchanged rows");
+    plain
+        .push_sparse("h4", &ids[..30], &gradient(30 * 32, 7))
+        .await
+        .unwrap();
+    let (after, kept) = pull(&ids).await;
+    assert_eq!(kept, 170);
+    assert!(
+        (30 * 20..30 * 20 + 200).contains(&after),
+        "{after} bytes for 30 changed rows"
+    );
     cluster.stop().await;
 }
 

@@ -55,7 +55,7 @@ pub struct WorkerConfig {
     /// gets only the rows that changed since (exact: rows are compared by a digest of their
     /// values). 0 (the default) keeps none. It pays where the link, not the CPU, bounds a
     /// step (below about 1 Gbit/s a worker). Pull codecs that round rows together (int8
-    /// with rows under 32 values) always get every row.
+    /// and int4 with rows under 32 values) always get every row.
     #[arg(long, env = "PS_HELD_ROWS_MIB", default_value_t = 0)]
     pub held_rows_mib: u32,
     /// Probability that a clock is a straggler (takes --straggler-factor times longer).
@@ -76,7 +76,8 @@ pub struct WorkerConfig {
     #[arg(long = "no-error-feedback", action = clap::ArgAction::SetFalse)]
     pub error_feedback: bool,
     /// How this worker pulls every table, in place of the job's pull codecs: f32, fp16, bf16,
-    /// int8 (a byte a value and a scale per block of whole rows), or delta-topk:R (dense
+    /// int8 (a byte a value and a scale per block of whole rows), int4 (half a byte a value,
+    /// the same scales), or delta-topk:R (dense
     /// tables as the top R of each chunk's change since this worker's last pull; sparse
     /// tables then pull in fp16).
     #[arg(long, env = "PS_PULL_CODEC")]

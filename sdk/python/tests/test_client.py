@@ -213,6 +213,13 @@ def test_compressed_pulls(cluster: LocalCluster) -> None:
         step = np.abs(now.reshape(-1, 250)).max() / 127.0
         assert np.max(np.abs(got - now)) <= step / 2 * 1.0001
         assert np.array_equal(ps.pull_dense("p", exact=True), now)
+        # int4: the same blocks, half a byte a value, within half a step of max / 7.
+        for table, exact_values in (("r", rows), ("p", now)):
+            ps.set_table_codec(table, pull_codec="int4")
+            got = ps.pull_sparse("r", np.arange(100)) if table == "r" else ps.pull_dense("p")
+            step = np.abs(exact_values).max() / 7.0
+            assert np.max(np.abs(got - exact_values)) <= step / 2 * 1.0001
+            assert not np.array_equal(got, exact_values)
 
 
 def test_pushes_apply_exactly_once_across_a_shard_crash(tmp_path: pathlib.Path) -> None:

@@ -53,13 +53,13 @@ def test_payloads_are_byte_identical_to_rust(vectors: dict) -> None:
         assert p.data.hex() == v["data"], what
         assert cd.decode(p).tobytes().hex() == v["decoded"], what
         seen.add(v["codec"])
-    assert {"fp16", "bf16", "int8", "int8:64", "sign", "topk:0.01", "topk:0.05:f32"} <= seen
+    assert {"fp16", "bf16", "int8", "int8:64", "int4", "int4:63", "sign", "topk:0.01", "topk:0.05:f32"} <= seen
 
 
 def test_codec_text_form_is_checked() -> None:
     assert str(cd.Codec.parse("topk:0.01")) == "topk:0.01"
     assert cd.Codec.parse("f16") == cd.Codec.parse("fp16")
-    for bad in ["topk", "topk:0", "topk:1.5", "topk:x", "int8:0", "int8:1:2", "zip", "topk:0.1:f8"]:
+    for bad in ["topk", "topk:0", "topk:1.5", "topk:x", "int8:0", "int8:1:2", "int4:0", "int4:1:2", "zip", "topk:0.1:f8"]:
         with pytest.raises(ValueError):
             cd.Codec.parse(bad)
 

@@ -30,7 +30,7 @@ impl SparseValues {
 
 /// A gradient codec: what a sender does to a vector of f32 before it goes on the wire.
 ///
-/// Written as text (flags, config files) as `f32`, `fp16`, `bf16`, `int8[:block]`,
+/// Written as text (flags, config files) as `f32`, `fp16`, `bf16`, `int8[:block]`, `int4[:block]`,
 /// `sign[:block]`, `qsgd[:levels[:block]]`, `topk:ratio[:f32|f16]`, `randomk:ratio[:f32|f16]`,
 /// for example `topk:0.01` or `qsgd:15:512`.
 #[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
@@ -42,6 +42,10 @@ pub enum Codec {
     Bf16,
     /// One i8 per value and one scale per `block` values.
     Int8 {
+        block: u32,
+    },
+    /// One 4-bit code per value (two a byte) and one scale per `block` values.
+    Int4 {
         block: u32,
     },
     /// One bit per value and one scale (mean magnitude) per `block` values.
@@ -92,6 +96,7 @@ impl Codec {
             Self::F32 => 4.0,
             Self::F16 | Self::Bf16 => 2.0,
             Self::Int8 { block } => 1.0 + scale(block),
+            Self::Int4 { block } => 0.5 + scale(block),
             Self::Sign { block } => 0.125 + scale(block),
             Self::Qsgd { levels, block } => {
                 f64::from(crate::qsgd_code_bits(levels)) / 8.0 + scale(block)
@@ -111,7 +116,10 @@ impl Codec {
     pub fn validate(&self) -> Result<(), ParseCodecError> {
         let bad = |m: String| Err(ParseCodecError(m));
         match *self {
-            Self::Int8 { block } | Self::Sign { block } | Self::Qsgd { block, .. }
+            Self::Int8 { block }
+            | Self::Int4 { block }
+            | Self::Sign { block }
+            | Self::Qsgd { block, .. }
                 if !(1..=MAX_BLOCK).contains(&block) =>
             {
                 bad(format!("block {block} is out of range 1..={MAX_BLOCK}"))
@@ -140,6 +148,7 @@ impl fmt::Display for Codec {
             Self::F16 => write!(f, "fp16"),
             Self::Bf16 => write!(f, "bf16"),
             Self::Int8 { block } => write!(f, "int8:{block}"),
+            Self::Int4 { block } => write!(f, "int4:{block}"),
             Self::Sign { block } => write!(f, "sign:{block}"),
             Self::Qsgd { levels, block } => write!(f, "qsgd:{levels}:{block}"),
             Self::TopK { ratio, values } => write!(f, "topk:{ratio}:{}", vals(values)),
@@ -182,7 +191,7 @@ impl FromStr for Codec {
         };
         let max_args = match name.as_str() {
             "f32" | "fp16" | "f16" | "bf16" => 0,
-            "int8" | "sign" => 1,
+            "int8" | "int4" | "sign" => 1,
             _ => 2,
         };
         if args.len() > max_args {
@@ -193,6 +202,9 @@ impl FromStr for Codec {
             "fp16" | "f16" => Self::F16,
             "bf16" => Self::Bf16,
             "int8" => Self::Int8 {
+                block: num(0, DEFAULT_BLOCK)?,
+            },
+            "int4" => Self::Int4 {
                 block: num(0, DEFAULT_BLOCK)?,
             },
             "sign" => Self::Sign {
@@ -212,8 +224,8 @@ impl FromStr for Codec {
             },
             _ => {
                 return Err(ParseCodecError(format!(
-                    "unknown codec `{s}`; known: f32, fp16, bf16, int8[:block], sign[:block], \
-                     qsgd[:levels[:block]], topk:ratio[:f16|f32], randomk:ratio[:f16|f32]"
+                    "unknown codec `{s}`; known: f32, fp16, bf16, int8[:block], int4[:block], \
+                     sign[:block], qsgd[:levels[:block]], topk:ratio[:f16|f32], randomk:ratio[:f16|f32]"
                 )));
             }
         };
@@ -252,7 +264,7 @@ pub struct CompressOptions {
     pub min_values: usize,
     pub lz4: Lz4Policy,
     /// Whether the sender keeps what the codec dropped and adds it to the next gradient. On by
-    /// default for the biased codecs (fp16, bf16, int8, sign, top-k, random-k), where it is
+    /// default for the biased codecs (fp16, bf16, int8, int4, sign, top-k, random-k), where it is
     /// what keeps training on course; off by default for QSGD, which is unbiased on its own and
     /// whose variance at few levels makes a residual grow instead of shrink.
     pub error_feedback: bool,
@@ -384,6 +396,11 @@ impl Encoder {
                 header.encoding = Encoding::Int8;
                 header.block_size = block;
                 quant::encode_int8(values, block as usize, raw);
+            }
+            Codec::Int4 { block } => {
+                header.encoding = Encoding::Int4;
+                header.block_size = block;
+                quant::encode_int4(values, block as usize, raw);
             }
             Codec::Sign { block } => {
                 header.encoding = Encoding::Sign;

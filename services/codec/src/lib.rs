@@ -6,13 +6,13 @@
 //! allocation) and then decodes with [`decode`], which validates every length, index, block
 //! count, scale and lz4 frame and never panics on any input.
 //!
-//! - [`Codec`] and [`Encoder`] (`codec`): the sender's choice per table (fp16, bf16, int8 with a
-//!   per-block scale, scaled sign, QSGD, top-k, random-k), small tensors left as f32, adaptive
+//! - [`Codec`] and [`Encoder`] (`codec`): the sender's choice per table (fp16, bf16, int8 and
+//!   int4 with a per-block scale, scaled sign, QSGD, top-k, random-k), small tensors left as f32, adaptive
 //!   lz4 on top.
 //! - [`ErrorFeedback`] and [`RowErrorFeedback`] (`feedback`): the residual a lossy codec dropped,
 //!   kept by the sender and added to the next gradient; per tensor for dense tables and per row
 //!   for embedding tables.
-//! - [`PullCodec`] (`pull`): how a table's pulls come back: f32, fp16, bf16, int8 or the top-k of
+//! - [`PullCodec`] (`pull`): how a table's pulls come back: f32, fp16, bf16, int8, int4 or the top-k of
 //!   the change since the client's last pull.
 //! - `quant`, `sparse`, `lz4`: the kernels behind each layout.
 //!
@@ -22,6 +22,7 @@
 //! | `F32` | `4n`: the values |
 //! | `F16`, `Bf16` | `2n`: the values rounded to nearest even |
 //! | `Int8` | `4⌈n/B⌉` f32 scales (max abs / 127 per block of `B`), then `n` i8 |
+//! | `Int4` | `4⌈n/B⌉` f32 scales (max abs / 7 per block of `B`), then `⌈n/2⌉` bytes of 4-bit two's-complement codes in -7..=7, value `i` in the low half of byte `i/2` when `i` is even |
 //! | `Sign` | `4⌈n/B⌉` f32 scales (mean abs per block), then `⌈n/8⌉` bytes, bit set = negative |
 //! | `Qsgd` | `4⌈n/B⌉` f32 L2 norms, then `n` codes of `1 + bits(s)` bits (sign, level ≤ s) |
 //! | `SparseF32`, `SparseF16` | `k` values, then `k` LEB128 varints: the first index, then each gap minus one |
@@ -82,6 +83,8 @@ pub enum Encoding {
     Bf16,
     /// One i8 per value with one f32 scale per block.
     Int8,
+    /// Two 4-bit codes per byte with one f32 scale per block.
+    Int4,
     /// One bit per value with one f32 scale (the mean magnitude) per block.
     Sign,
     /// QSGD: stochastic levels of the block's L2 norm.
@@ -93,11 +96,12 @@ pub enum Encoding {
 }
 
 impl Encoding {
-    pub const ALL: [Self; 8] = [
+    pub const ALL: [Self; 9] = [
         Self::F32,
         Self::F16,
         Self::Bf16,
         Self::Int8,
+        Self::Int4,
         Self::Sign,
         Self::Qsgd,
         Self::SparseF32,
@@ -110,6 +114,7 @@ impl Encoding {
             Self::F16 => "f16",
             Self::Bf16 => "bf16",
             Self::Int8 => "int8",
+            Self::Int4 => "int4",
             Self::Sign => "sign",
             Self::Qsgd => "qsgd",
             Self::SparseF32 => "sparse_f32",
@@ -119,7 +124,7 @@ impl Encoding {
 
     /// True for the encodings with one scale per block.
     pub fn is_blocked(self) -> bool {
-        matches!(self, Self::Int8 | Self::Sign | Self::Qsgd)
+        matches!(self, Self::Int8 | Self::Int4 | Self::Sign | Self::Qsgd)
     }
 
     pub fn is_sparse(self) -> bool {
@@ -153,7 +158,7 @@ pub struct Header {
     pub encoding: Encoding,
     /// Values the payload stands for (for sparse encodings, including the zeros).
     pub num_values: u64,
-    /// Values per scale, for `Int8`, `Sign` and `Qsgd`.
+    /// Values per scale, for `Int8`, `Int4`, `Sign` and `Qsgd`.
     pub block_size: u32,
     /// QSGD levels `s`.
     pub levels: u32,
@@ -222,6 +227,7 @@ impl Header {
             Encoding::F32 => n.checked_mul(4).ok_or_else(overflow)?,
             Encoding::F16 | Encoding::Bf16 => n.checked_mul(2).ok_or_else(overflow)?,
             Encoding::Int8 => scales()?.checked_add(n).ok_or_else(overflow)?,
+            Encoding::Int4 => scales()?.checked_add(n.div_ceil(2)).ok_or_else(overflow)?,
             Encoding::Sign => scales()?.checked_add(n.div_ceil(8)).ok_or_else(overflow)?,
             Encoding::Qsgd => {
                 if !(1..=MAX_LEVELS).contains(&self.levels) {
@@ -448,6 +454,7 @@ fn decode_raw(header: &Header, raw: &[u8], out: &mut [f32]) -> Result<(), CodecE
             Ok(())
         }
         Encoding::Int8 => quant::decode_int8(raw, block, out),
+        Encoding::Int4 => quant::decode_int4(raw, block, out),
         Encoding::Sign => quant::decode_sign(raw, block, out),
         Encoding::Qsgd => quant::decode_qsgd(raw, block, header.levels, out),
         Encoding::SparseF32 | Encoding::SparseF16 => {

@@ -9,11 +9,14 @@ use crate::{Encoding, ParseCodecError};
 
 /// How a table's pulls travel.
 ///
-/// Written as text (flags, job files) as `f32`, `fp16`, `bf16`, `int8` or `delta-topk:R`:
+/// Written as text (flags, job files) as `f32`, `fp16`, `bf16`, `int8`, `int4` or
+/// `delta-topk:R`:
 /// - `fp16`, `bf16`: every value rounded to 16 bits by the shard (half the bytes of f32);
-/// - `int8`: one byte per value and one f32 scale per block ([`PullCodec::int8_block`]: a
+/// - `int8`: one byte per value and one f32 scale per block ([`PullCodec::scale_block`]: a
 ///   sparse table's block holds whole rows), about 0.28 of f32's bytes; each value within half
 ///   a step (its block's largest magnitude / 254) of what the shard holds;
+/// - `int4`: half a byte per value and the same f32 scales, about 0.16 of f32's bytes; each
+///   value within half a step (its block's largest magnitude / 14) of what the shard holds;
 /// - `delta-topk:R`: a dense chunk comes as the top `R` (a ratio in (0, 1]) of its change
 ///   since this client's last pull, as fp16 values with their indices, added to the client's
 ///   copy. The shard keeps the matching copy per client (within its replica memory budget);
@@ -27,6 +30,7 @@ pub enum PullCodec {
     F16,
     Bf16,
     Int8,
+    Int4,
     DeltaTopK {
         ratio: f64,
     },
@@ -39,16 +43,17 @@ impl PullCodec {
             Self::F16 => Encoding::F16,
             Self::Bf16 => Encoding::Bf16,
             Self::Int8 => Encoding::Int8,
+            Self::Int4 => Encoding::Int4,
             Self::F32 | Self::DeltaTopK { .. } => Encoding::F32,
         }
     }
 
-    /// The values per scale of an int8 answer: for rows of `dim` values, the fewest whole rows
+    /// The values per scale of an int8 or int4 answer: for rows of `dim` values, the fewest whole rows
     /// that make at least 32 values (so a row never shares a scale with part of another, and a
     /// table of dim 1 still pays a byte and an eighth a value), at most 4096 values (rows
     /// longer than that are cut into blocks of 4096 across their ends); for a dense table
     /// (`dim` 0), 256.
-    pub fn int8_block(dim: usize) -> usize {
+    pub fn scale_block(dim: usize) -> usize {
         const MIN: usize = 32;
         const MAX: usize = 4096;
         if dim == 0 {
@@ -61,13 +66,13 @@ impl PullCodec {
     }
 
     /// Whether `encoding` rounds each row of `dim` values on its own, so that a row's values
-    /// as pulled do not depend on the rows sent beside it: always but for int8 with rows
+    /// as pulled do not depend on the rows sent beside it: always but for int8 and int4 with rows
     /// shorter than (or cut across) its block. Only such rows can be held by a client and
     /// answered as unchanged.
     pub fn rows_stand_alone(encoding: Encoding, dim: usize) -> bool {
         match encoding {
             Encoding::F32 | Encoding::F16 | Encoding::Bf16 => dim > 0,
-            Encoding::Int8 => dim > 0 && Self::int8_block(dim) == dim,
+            Encoding::Int8 | Encoding::Int4 => dim > 0 && Self::scale_block(dim) == dim,
             _ => false,
         }
     }
@@ -109,6 +114,7 @@ impl fmt::Display for PullCodec {
             Self::F16 => f.write_str("fp16"),
             Self::Bf16 => f.write_str("bf16"),
             Self::Int8 => f.write_str("int8"),
+            Self::Int4 => f.write_str("int4"),
             Self::DeltaTopK { ratio } => write!(f, "delta-topk:{ratio}"),
         }
     }
@@ -125,6 +131,7 @@ impl FromStr for PullCodec {
                 "fp16" | "f16" => Self::F16,
                 "bf16" => Self::Bf16,
                 "int8" => Self::Int8,
+                "int4" => Self::Int4,
                 "delta-topk" => {
                     return Err(ParseCodecError(format!(
                         "`{s}` needs a ratio, as in `delta-topk:0.1`"
@@ -132,7 +139,7 @@ impl FromStr for PullCodec {
                 }
                 _ => {
                     return Err(ParseCodecError(format!(
-                        "`{s}` is not a pull codec; use f32, fp16, bf16, int8 or delta-topk:RATIO"
+                        "`{s}` is not a pull codec; use f32, fp16, bf16, int8, int4 or delta-topk:RATIO"
                     )));
                 }
             },
@@ -143,7 +150,7 @@ impl FromStr for PullCodec {
             },
             Some(_) => {
                 return Err(ParseCodecError(format!(
-                    "`{s}` is not a pull codec; use f32, fp16, bf16, int8 or delta-topk:RATIO"
+                    "`{s}` is not a pull codec; use f32, fp16, bf16, int8, int4 or delta-topk:RATIO"
                 )));
             }
         };
@@ -163,6 +170,7 @@ mod tests {
             PullCodec::F16,
             PullCodec::Bf16,
             PullCodec::Int8,
+            PullCodec::Int4,
             PullCodec::DeltaTopK { ratio: 0.05 },
         ] {
             assert_eq!(c.to_string().parse::<PullCodec>().unwrap(), c);
@@ -185,6 +193,10 @@ mod tests {
         assert!(PullCodec::rows_stand_alone(Encoding::F16, 1));
         assert!(!PullCodec::rows_stand_alone(Encoding::Sign, 32));
         assert_eq!(PullCodec::Int8.encoding(), Encoding::Int8);
+        assert_eq!(PullCodec::Int4.encoding(), Encoding::Int4);
+        assert_eq!(PullCodec::Int4.for_rows(), PullCodec::Int4);
+        assert!(PullCodec::rows_stand_alone(Encoding::Int4, 32));
+        assert!(!PullCodec::rows_stand_alone(Encoding::Int4, 1));
         // Whole rows per scale, at least 32 values, at most 4096.
         for (dim, block) in [
             (0, 256),
@@ -197,11 +209,12 @@ mod tests {
             (5000, 4096),
             (3000, 3000),
         ] {
-            assert_eq!(PullCodec::int8_block(dim), block, "dim {dim}");
+            assert_eq!(PullCodec::scale_block(dim), block, "dim {dim}");
         }
         assert_eq!(PullCodec::F16.for_rows(), PullCodec::F16);
         for (bad, says) in [
             ("int8:64", "not a pull codec"),
+            ("int4:64", "not a pull codec"),
             ("delta-topk", "needs a ratio"),
             ("delta-topk:0", "(0, 1]"),
             ("delta-topk:1.5", "(0, 1]"),

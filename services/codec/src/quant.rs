@@ -1,4 +1,4 @@
-//! Dense quantizers: fp16, bf16, int8 with a per-block scale, scaled sign and QSGD.
+//! Dense quantizers: fp16, bf16, int8 and int4 with a per-block scale, scaled sign and QSGD.
 //!
 //! Encoders append to a byte buffer; decoders read a buffer whose length the header check has
 //! already matched, and still never index past it. A block holding a NaN or an infinity gets a
@@ -205,6 +205,79 @@ pub fn decode_int8(raw: &[u8], block: usize, out: &mut [f32]) -> Result<(), Code
     for ((dst, src), &scale) in out.chunks_mut(block).zip(q.chunks(block)).zip(&scales) {
         for (d, &b) in dst.iter_mut().zip(src) {
             *d = f32::from(b as i8) * scale;
+        }
+    }
+    Ok(())
+}
+
+/// Appends `values` as int4 with one scale (max abs / 7) per block of `block` values: two
+/// 4-bit two's-complement codes in -7..=7 a byte, value `i` in the low half of byte `i / 2`
+/// when `i` is even, the high half of a last odd byte zero. Each decoded value is within half
+/// a scale step of the input. A NaN or infinite value makes its block's scale NaN (and its
+/// code 0), as in int8.
+pub fn encode_int4(values: &[f32], block: usize, out: &mut Vec<u8>) {
+    let block = block.max(1);
+    let nb = values.len().div_ceil(block);
+    let start = out.len();
+    out.resize(start + nb * 4 + values.len().div_ceil(2), 0);
+    let (scales, q) = out[start..].split_at_mut(nb * 4);
+    let mut codes = Vec::with_capacity(block);
+    for (b, (src, scale_bytes)) in values
+        .chunks(block)
+        .zip(scales.chunks_exact_mut(4))
+        .enumerate()
+    {
+        let scale = block_max_abs(src) / 7.0;
+        scale_bytes.copy_from_slice(&scale.to_le_bytes());
+        let inv = if scale > 0.0 { 1.0 / scale } else { 0.0 };
+        codes.clear();
+        codes.extend(src.iter().map(|&v| round_to_i8(v * inv) & 0x0f));
+        let first = b * block;
+        if first.is_multiple_of(2) {
+            // The block starts on a byte: pairs of codes straight into whole bytes.
+            for (d, pair) in q[first / 2..].iter_mut().zip(codes.chunks(2)) {
+                *d = pair[0] | pair.get(1).map_or(0, |h| h << 4);
+            }
+        } else {
+            for (j, &c) in codes.iter().enumerate() {
+                let i = first + j;
+                q[i / 2] |= c << (4 * (i % 2));
+            }
+        }
+    }
+}
+
+/// The value of a 4-bit two's-complement code (the low 4 bits of `code`).
+#[inline]
+fn int4_value(code: u8) -> f32 {
+    f32::from(((code << 4) as i8) >> 4)
+}
+
+pub fn decode_int4(raw: &[u8], block: usize, out: &mut [f32]) -> Result<(), CodecError> {
+    let block = block.max(1);
+    let nb = out.len().div_ceil(block);
+    let scales = read_scales(raw, nb, "scales")?;
+    let q = &raw[nb * 4..];
+    if q.len() != out.len().div_ceil(2) {
+        return Err(data_err(format!(
+            "{} bytes of int4 codes expected for {} values, {} found",
+            out.len().div_ceil(2),
+            out.len(),
+            q.len()
+        )));
+    }
+    check_padding(q, out.len() * 4)?;
+    // -8 (0b1000) is never written: a byte holding it is malformed.
+    if let Some(i) = q.iter().position(|&b| b & 0x0f == 8 || b >> 4 == 8) {
+        return Err(data_err(format!(
+            "int4 byte {i} holds the code -8; codes are within -7..=7"
+        )));
+    }
+    for (b, (dst, &scale)) in out.chunks_mut(block).zip(&scales).enumerate() {
+        let first = b * block;
+        for (j, d) in dst.iter_mut().enumerate() {
+            let i = first + j;
+            *d = int4_value(q[i / 2] >> (4 * (i % 2))) * scale;
         }
     }
     Ok(())

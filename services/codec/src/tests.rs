@@ -34,6 +34,7 @@ fn lossy_codecs() -> impl Strategy<Value = Codec> {
         Just(Codec::F16),
         Just(Codec::Bf16),
         (1u32..64).prop_map(|block| Codec::Int8 { block }),
+        (1u32..64).prop_map(|block| Codec::Int4 { block }),
         (1u32..64).prop_map(|block| Codec::Sign { block }),
         (1u32..20, 1u32..64).prop_map(|(levels, block)| Codec::Qsgd { levels, block }),
         (0.01f64..1.0).prop_map(|ratio| Codec::TopK {
@@ -94,6 +95,20 @@ proptest! {
             let step = src.iter().fold(0f32, |m, x| m.max(x.abs())) / 127.0;
             for (x, y) in src.iter().zip(dst) {
                 // Half a step, plus the f32 rounding of q * scale (one ulp of the value).
+                prop_assert!((x - y).abs() <= step * 0.5 * (1.0 + 1e-5) + x.abs() * f32::EPSILON + 1e-30, "{x} -> {y}, step {step}");
+            }
+        }
+    }
+
+    /// int4: every value within half a step (block max / 7 / 2) of the input, two codes a
+    /// byte; decoding what the encoder wrote never fails, whatever the block's alignment.
+    #[test]
+    fn int4_error_is_half_a_step(v in values(1e3, 0..600), block in 1u32..200) {
+        let (e, back) = round_trip(Codec::Int4 { block }, &v);
+        prop_assert_eq!(e.header.raw_len, (4 * v.len().div_ceil(block as usize) + v.len().div_ceil(2)) as u64);
+        for (src, dst) in v.chunks(block as usize).zip(back.chunks(block as usize)) {
+            let step = src.iter().fold(0f32, |m, x| m.max(x.abs())) / 7.0;
+            for (x, y) in src.iter().zip(dst) {
                 prop_assert!((x - y).abs() <= step * 0.5 * (1.0 + 1e-5) + x.abs() * f32::EPSILON + 1e-30, "{x} -> {y}, step {step}");
             }
         }
@@ -447,6 +462,7 @@ fn non_finite_values_survive_quantization() {
         Codec::F16,
         Codec::Bf16,
         Codec::Int8 { block: 32 },
+        Codec::Int4 { block: 32 },
         Codec::Sign { block: 32 },
         Codec::Qsgd {
             levels: DEFAULT_LEVELS,
@@ -511,6 +527,27 @@ fn malformed_payloads_say_what_is_wrong() {
     let mut neg = (-1.0f32).to_le_bytes().to_vec();
     neg.extend([0; 4]);
     assert!(blocked(Encoding::Int8, 0, neg).contains("never negative"));
+    // int4: 4 values in 2 bytes after the scale; -8 is never written.
+    let mut m8 = 1.0f32.to_le_bytes().to_vec();
+    m8.extend([0x17, 0x80]);
+    assert!(blocked(Encoding::Int4, 0, m8).contains("the code -8"));
+    let mut short4 = 1.0f32.to_le_bytes().to_vec();
+    short4.push(0x11);
+    assert!(blocked(Encoding::Int4, 0, short4).contains("need 6 bytes"));
+    let odd = |data: Vec<u8>| {
+        decode_err(
+            Header {
+                encoding: Encoding::Int4,
+                num_values: 3,
+                block_size: 3,
+                ..Header::default()
+            },
+            data,
+        )
+    };
+    let mut pad4 = 1.0f32.to_le_bytes().to_vec();
+    pad4.extend([0x11, 0x11]);
+    assert!(odd(pad4).contains("padding"));
     let mut pad = 1.0f32.to_le_bytes().to_vec();
     pad.push(0xf0);
     assert!(blocked(Encoding::Sign, 0, pad).contains("padding"));
@@ -705,4 +742,20 @@ fn non_finite_checks_tell_every_kind_of_value_apart() {
             assert_eq!(quant::first_non_finite_le(&bytes(&v)), Some(at), "{bad}");
         }
     }
+}
+
+/// int4's layout, byte for byte: the scale (max abs / 7), then two's-complement codes, the
+/// first value of each pair in the low half; a block may start in the middle of a byte.
+#[test]
+fn int4_layout_is_as_documented() {
+    let e = encoder(Codec::Int4 { block: 3 }).encode(&[7.0, -7.0, 3.0, 1.5, -2.0]);
+    let mut want = 1.0f32.to_le_bytes().to_vec();
+    want.extend((2.0f32 / 7.0).to_le_bytes());
+    // 7, -7 (0x9); 3, then block two's 1.5 -> 5 at scale 2/7; -7 (0x9), padding.
+    want.extend([0x97, 0x53, 0x09]);
+    assert_eq!(e.header.encoding, Encoding::Int4);
+    assert_eq!(&e.data[..], &want[..]);
+    let back = e.to_vec().unwrap();
+    let scale = 2.0f32 / 7.0;
+    assert_eq!(back, vec![7.0, -7.0, 3.0, 5.0 * scale, -7.0 * scale]);
 }

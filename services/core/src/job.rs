@@ -386,7 +386,8 @@ fn check_pull(spec: &TableSpec, pull: PullCodec) -> Result<(), ValidationError> 
         return Err(ValidationError::new(
             "pull_codec",
             format!(
-                "`{pull}` is for dense tables; sparse table `{}` pulls in f32, fp16, bf16 or int8",
+                "`{pull}` is for dense tables; sparse table `{}` pulls in f32, fp16, bf16, int8 or \
+                 int4",
                 spec.name
             ),
         ));
@@ -557,7 +558,7 @@ struct TableToml {
     max_rows: u64,
     #[serde(default)]
     codec: String,
-    /// f32 (the default) | fp16 | bf16 | int8 | delta-topk:RATIO (dense tables only)
+    /// f32 (the default) | fp16 | bf16 | int8 | int4 | delta-topk:RATIO (dense tables only)
     #[serde(default)]
     pull_codec: String,
     /// In `[model_tables]` only: the sparse tables' pull codec, where it should differ from

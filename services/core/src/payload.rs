@@ -19,6 +19,7 @@ pub fn encoding_to_pb(e: Encoding) -> pb::Encoding {
         Encoding::F16 => pb::Encoding::F16,
         Encoding::Bf16 => pb::Encoding::Bf16,
         Encoding::Int8 => pb::Encoding::Int8,
+        Encoding::Int4 => pb::Encoding::Int4,
         Encoding::Sign => pb::Encoding::Sign,
         Encoding::Qsgd => pb::Encoding::Qsgd,
         Encoding::SparseF32 => pb::Encoding::SparseF32,
@@ -32,6 +33,7 @@ fn encoding_from_pb(v: i32, field: &str) -> Result<Encoding, ValidationError> {
         Ok(pb::Encoding::F16) => Encoding::F16,
         Ok(pb::Encoding::Bf16) => Encoding::Bf16,
         Ok(pb::Encoding::Int8) => Encoding::Int8,
+        Ok(pb::Encoding::Int4) => Encoding::Int4,
         Ok(pb::Encoding::Sign) => Encoding::Sign,
         Ok(pb::Encoding::Qsgd) => Encoding::Qsgd,
         Ok(pb::Encoding::SparseF32) => Encoding::SparseF32,
@@ -45,23 +47,23 @@ fn encoding_from_pb(v: i32, field: &str) -> Result<Encoding, ValidationError> {
         Err(_) => {
             return Err(ValidationError::new(
                 field,
-                format!("unknown encoding {v}; this server knows 1 to 8 (f32 to sparse_f16)"),
+                format!("unknown encoding {v}; this server knows 1 to 9 (f32 to int4)"),
             ));
         }
     })
 }
 
-/// The encoding a pull asks for its answer: f32 (also when unset), f16, bf16 or int8.
+/// The encoding a pull asks for its answer: f32 (also when unset), f16, bf16, int8 or int4.
 pub fn accept_from_pb(v: i32) -> Result<Encoding, ValidationError> {
     if v == pb::Encoding::Unspecified as i32 {
         return Ok(Encoding::F32);
     }
     let e = encoding_from_pb(v, "accept")?;
     match e {
-        Encoding::F32 | Encoding::F16 | Encoding::Bf16 | Encoding::Int8 => Ok(e),
+        Encoding::F32 | Encoding::F16 | Encoding::Bf16 | Encoding::Int8 | Encoding::Int4 => Ok(e),
         other => Err(ValidationError::new(
             "accept",
-            format!("pulls are answered in f32, f16, bf16 or int8, not {other}"),
+            format!("pulls are answered in f32, f16, bf16, int8 or int4, not {other}"),
         )),
     }
 }
@@ -92,16 +94,19 @@ impl Payload {
         }
     }
 
-    /// Encodes `values` as `encoding` when it is f16, bf16 or int8 (the pull encodings), else
-    /// as f32. `dim` is the row length of a sparse table's values (0 for a dense table's): an
-    /// int8 answer takes one scale per [`ps_codec::PullCodec::int8_block`] values.
+    /// Encodes `values` as `encoding` when it is f16, bf16, int8 or int4 (the pull encodings),
+    /// else as f32. `dim` is the row length of a sparse table's values (0 for a dense table's):
+    /// an int8 or int4 answer takes one scale per [`ps_codec::PullCodec::scale_block`] values.
     pub fn encode_plain(values: &[f32], encoding: Encoding, dim: usize) -> Self {
         let codec = match encoding {
             Encoding::F16 => Codec::F16,
             Encoding::Bf16 => Codec::Bf16,
+            // At most 4096: fits a u32.
             Encoding::Int8 => Codec::Int8 {
-                // At most 4096: fits a u32.
-                block: ps_codec::PullCodec::int8_block(dim) as u32,
+                block: ps_codec::PullCodec::scale_block(dim) as u32,
+            },
+            Encoding::Int4 => Codec::Int4 {
+                block: ps_codec::PullCodec::scale_block(dim) as u32,
             },
             _ => return Self::from_f32(values),
         };

@@ -256,6 +256,8 @@ fn vectors() -> Result<Value> {
         "bf16",
         "int8",
         "int8:64",
+        "int4",
+        "int4:63",
         "sign",
         "sign:100",
         "topk:0.01",

@@ -51,6 +51,7 @@ _PULL_ENCODINGS = {
     "f16": pb.ENCODING_F16,
     "bf16": pb.ENCODING_BF16,
     "int8": pb.ENCODING_INT8,
+    "int4": pb.ENCODING_INT4,
 }
 
 
@@ -191,8 +192,8 @@ class Client:
     scheduler's shard map and fetches it again when a shard says the map changed.
 
     ``codec`` is how pushes travel unless :meth:`set_table_codec` says otherwise (``f32``,
-    ``fp16``, ``bf16``, ``int8``, ``topk:0.01``: lossy codecs keep what they drop for the next
-    push); ``pull_codec`` how pulls come (``f32``, ``fp16``, ``bf16``, ``int8``, and for dense
+    ``fp16``, ``bf16``, ``int8``, ``int4``, ``topk:0.01``: lossy codecs keep what they drop for the next
+    push); ``pull_codec`` how pulls come (``f32``, ``fp16``, ``bf16``, ``int8``, ``int4``, and for dense
     tables ``delta-topk:R``).
     """
 
@@ -806,7 +807,7 @@ def _ids(ids: ArrayLike) -> npt.NDArray[np.uint64]:
 
 
 def _check_pull(text: str) -> str:
-    """A pull codec's text form: f32, fp16, bf16, int8 or delta-topk:R (dense tables)."""
+    """A pull codec's text form: f32, fp16, bf16, int8, int4 or delta-topk:R (dense tables)."""
     if text.startswith("delta-topk:"):
         try:
             ratio = float(text.split(":", 1)[1])
@@ -816,7 +817,7 @@ def _check_pull(text: str) -> str:
             raise InvalidInput(f"`{text}`: the ratio must be in (0, 1]")
         return f"delta-topk:{ratio}"
     if text not in _PULL_ENCODINGS:
-        raise InvalidInput(f"pull codec `{text}`: f32, fp16, bf16, int8 or delta-topk:R")
+        raise InvalidInput(f"pull codec `{text}`: f32, fp16, bf16, int8, int4 or delta-topk:R")
     return "fp16" if text == "f16" else text
 
 

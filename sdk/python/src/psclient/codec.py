@@ -3,7 +3,8 @@
 output at test time).
 
 A codec is named by the same text as everywhere else in the project: ``f32``, ``fp16``,
-``bf16``, ``int8[:block]``, ``sign[:block]``, ``topk:ratio[:f16|f32]``. Lossy codecs keep what
+``bf16``, ``int8[:block]``, ``int4[:block]``, ``sign[:block]``, ``topk:ratio[:f16|f32]``. Lossy
+codecs keep what
 they drop in a residual that is added to the next gradient (error feedback, :class:`Residual`
 and :class:`RowResiduals`; embedding rows pushed in fp16 or bf16 keep none,
 :attr:`Codec.keeps_row_residual`).
@@ -38,7 +39,7 @@ except ImportError:  # pragma: no cover
 
 @dataclasses.dataclass(frozen=True)
 class Codec:
-    """A push codec: ``kind`` is f32, fp16, bf16, int8, sign or topk."""
+    """A push codec: ``kind`` is f32, fp16, bf16, int8, int4, sign or topk."""
 
     kind: str = "f32"
     block: int = DEFAULT_BLOCK
@@ -50,11 +51,11 @@ class Codec:
         """Parses the codec's text form; a bad one raises :class:`InvalidInput`."""
         name, *args = text.split(":")
         name = name.lower()
-        max_args = {"f32": 0, "fp16": 0, "f16": 0, "bf16": 0, "int8": 1, "sign": 1, "topk": 2}
+        max_args = {"f32": 0, "fp16": 0, "f16": 0, "bf16": 0, "int8": 1, "int4": 1, "sign": 1, "topk": 2}
         if name not in max_args:
             raise InvalidInput(
                 f"unknown codec `{text}`; known here: f32, fp16, bf16, int8[:block], "
-                "sign[:block], topk:ratio[:f16|f32]"
+                "int4[:block], sign[:block], topk:ratio[:f16|f32]"
             )
         if len(args) > max_args[name]:
             raise InvalidInput(f"too many parameters in `{text}`")
@@ -62,7 +63,7 @@ class Codec:
             return Codec(name)
         if name in ("fp16", "f16"):
             return Codec("fp16")
-        if name in ("int8", "sign"):
+        if name in ("int8", "int4", "sign"):
             block = _number(args[0], text) if args else DEFAULT_BLOCK
             if not 1 <= block <= MAX_BLOCK:
                 raise InvalidInput(f"block {block} is out of range 1..={MAX_BLOCK}")
@@ -81,7 +82,7 @@ class Codec:
         return Codec("topk", ratio=ratio, sparse_f16=values != "f32")
 
     def __str__(self) -> str:
-        if self.kind in ("int8", "sign"):
+        if self.kind in ("int8", "int4", "sign"):
             return f"{self.kind}:{self.block}"
         if self.kind == "topk":
             return f"topk:{self.ratio}" + ("" if self.sparse_f16 else ":f32")
@@ -108,6 +109,8 @@ class Codec:
             return 2.0
         if self.kind == "int8":
             return 1.0 + scale
+        if self.kind == "int4":
+            return 0.5 + scale
         if self.kind == "sign":
             return 0.125 + scale
         return self.ratio * ((2.0 if self.sparse_f16 else 4.0) + 10.0)
@@ -165,6 +168,22 @@ def _int8(values: F32Array, block: int) -> bytes:
         x = (values * per_value).astype(np.float32)
     q = np.rint(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)).astype(np.int64) & 0xFF
     return scales.astype("<f4").tobytes() + q.astype(np.uint8).tobytes()
+
+
+def _int4(values: F32Array, block: int) -> bytes:
+    """Two 4-bit two's-complement codes a byte (value i in the low half of byte i // 2 when i is
+    even), after a scale of max abs / 7 per block."""
+    n = len(values)
+    scales = (_block_max_abs(values, block) / np.float32(7.0)).astype(np.float32)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        inv = np.where(scales > 0, np.float32(1.0) / scales, np.float32(0.0)).astype(np.float32)
+    per_value = np.repeat(inv, block)[:n]
+    with np.errstate(invalid="ignore"):
+        x = (values * per_value).astype(np.float32)
+    q = (np.rint(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)).astype(np.int64) & 0xF).astype(np.uint8)
+    if n % 2:
+        q = np.append(q, np.uint8(0))
+    return scales.astype("<f4").tobytes() + (q[0::2] | (q[1::2] << np.uint8(4))).tobytes()
 
 
 def _sign(values: F32Array, block: int) -> bytes:
@@ -264,6 +283,9 @@ def encode(values: F32Array, codec: Codec, *, min_values: int = DEFAULT_MIN_VALU
     elif kind == "int8":
         p.encoding, p.block_size = pb.ENCODING_INT8, codec.block
         raw = _int8(values, codec.block)
+    elif kind == "int4":
+        p.encoding, p.block_size = pb.ENCODING_INT4, codec.block
+        raw = _int4(values, codec.block)
     elif kind == "sign":
         p.encoding, p.block_size = pb.ENCODING_SIGN, codec.block
         raw = _sign(values, codec.block)
@@ -338,6 +360,21 @@ def decode(p: "pb.Payload", out: Optional[F32Array] = None) -> F32Array:
         scales = np.frombuffer(raw[: 4 * nb], dtype="<f4")
         q = np.frombuffer(raw[4 * nb :], dtype=np.int8).astype(np.float32)
         out[:] = q * np.repeat(scales, block)[:n]
+    elif enc == pb.ENCODING_INT4:
+        block = max(p.block_size, 1)
+        nb = -(-n // block)
+        _expect(raw, 4 * nb + -(-n // 2), "int4")
+        scales = np.frombuffer(raw[: 4 * nb], dtype="<f4")
+        packed = np.frombuffer(raw[4 * nb :], dtype=np.uint8)
+        nibbles = np.empty(2 * len(packed), dtype=np.uint8)
+        nibbles[0::2], nibbles[1::2] = packed & 0xF, packed >> 4
+        if n % 2 and nibbles[-1] != 0:
+            raise ProtocolError("int4 payload: the padding bits of the last byte are not zero")
+        if (nibbles == 8).any():
+            raise ProtocolError("int4 payload: the code -8 is never written")
+        codes = nibbles[:n].astype(np.int8)
+        codes[codes > 7] -= 16
+        out[:] = codes.astype(np.float32) * np.repeat(scales, block)[:n]
     elif enc == pb.ENCODING_SIGN:
         block = max(p.block_size, 1)
         nb = -(-n // block)

@@ -55,6 +55,7 @@ fn main() {
         Codec::F16,
         Codec::Bf16,
         Codec::Int8 { block: 256 },
+        Codec::Int4 { block: 256 },
         Codec::Sign { block: 256 },
         Codec::Qsgd {
             levels: 15,

@@ -24,6 +24,7 @@ class Encoding(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ENCODING_QSGD: _ClassVar[Encoding]
     ENCODING_SPARSE_F32: _ClassVar[Encoding]
     ENCODING_SPARSE_F16: _ClassVar[Encoding]
+    ENCODING_INT4: _ClassVar[Encoding]
 
 class Compression(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -41,6 +42,7 @@ ENCODING_SIGN: Encoding
 ENCODING_QSGD: Encoding
 ENCODING_SPARSE_F32: Encoding
 ENCODING_SPARSE_F16: Encoding
+ENCODING_INT4: Encoding
 COMPRESSION_NONE: Compression
 COMPRESSION_LZ4: Compression
 
