@@ -267,10 +267,23 @@ impl<S: Store> ParameterServer for PsService<S> {
         let caller = Caller::of(&req);
         let req = PullSparse::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
         check_table(M, &caller, req.table.as_str())?;
-        let (values, unchanged) = self.engine().pull_sparse(&req).map_err(|e| refuse(M, e))?;
+        for a in &req.also {
+            check_table(M, &caller, a.table.as_str())?;
+        }
+        let mut answers = self
+            .engine()
+            .pull_sparse(&req)
+            .map_err(|e| refuse(M, e))?
+            .into_iter()
+            .map(|(values, unchanged)| pb::PullSparseAnswer {
+                values: Some(values.into()),
+                unchanged: unchanged.mask,
+            });
+        let first = answers.next().unwrap_or_default();
         Ok(Response::new(pb::PullSparseResponse {
-            values: Some(values.into()),
-            unchanged: unchanged.mask,
+            values: first.values,
+            unchanged: first.unchanged,
+            also: answers.collect(),
         }))
     }
 

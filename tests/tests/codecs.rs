@@ -527,6 +527,24 @@ async fn a_top_k_row_push_sends_only_the_rows_it_has_entries_for() {
     );
     assert!((20..=30).contains(&sent_rows), "{sent_rows} rows sent");
     assert_eq!(s.applied_values, sent_rows * dim as u64);
+    // A push of 1,500 rows of one value is over the codec's 1,024 values, though its part for
+    // each shard is under it: every part is compressed as the whole push would be (1% of
+    // each part's values, about 8 rows), none sent whole in f32.
+    ps.create_table(sparse_sgd("w1", 1, 1.0)).await.unwrap();
+    ps.set_table_codec(
+        "w1",
+        pushes_in(Codec::TopK {
+            ratio: 0.01,
+            values: SparseValues::F32,
+        }),
+    )
+    .unwrap();
+    let wide: Vec<u64> = (0..1500u64).map(|i| i * 7919 + 5).collect();
+    let s = ps
+        .push_sparse("w1", &wide, &gradient(wide.len(), 11))
+        .await
+        .unwrap();
+    assert!((2..=30).contains(&s.rows), "{} rows of 1500 sent", s.rows);
     cluster.stop().await;
 }
 
@@ -1299,6 +1317,7 @@ async fn held_rows_come_again_only_when_changed() {
         map_epoch: 0,
         held,
         held_digests: digests,
+        also: Vec::new(),
     };
     for (held, digests, field) in [
         (vec![1], vec![7], "held"),
@@ -1320,5 +1339,153 @@ async fn held_rows_come_again_only_when_changed() {
         .into_inner();
     assert!(answer.unchanged.is_empty());
     assert_eq!(answer.values.unwrap().num_values, 10 * 32);
+    cluster.stop().await;
+}
+
+/// Sparse tables placed alike (`TableSpec::placed_with`) are read by one request per shard
+/// that sends the ids once, each table under its own pull codec and held rows, and what comes
+/// back is bit for bit what pulling each on its own gets; a table placed apart is pulled on
+/// its own beside them. A request that names a table placed apart, a dense table or an
+/// unknown one beside its own reads nothing and says why.
+#[tokio::test]
+async fn tables_placed_alike_come_in_one_pull() {
+    let cluster = TestCluster::start(2).await;
+    let plain = cluster.client().await;
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.held_rows_mib = 1;
+    let holding = PsClient::connect(cfg).await.unwrap();
+    plain.create_table(sparse_sgd("pe", 32, 1.0)).await.unwrap();
+    plain
+        .create_table(sparse_sgd("pw", 1, 1.0).placed_with("pe").unwrap())
+        .await
+        .unwrap();
+    plain.create_table(sparse_sgd("px", 4, 1.0)).await.unwrap();
+    plain
+        .create_table(dense_sgd("pd", &[10], 1.0))
+        .await
+        .unwrap();
+    let described = plain.describe_table("pw").await.unwrap();
+    assert_eq!(
+        described.placed_with.as_ref().map(|n| n.as_str()),
+        Some("pe")
+    );
+    for c in [&plain, &holding] {
+        for (t, pull) in [("pe", PullCodec::Int4), ("pw", PullCodec::Int8)] {
+            c.set_table_codec(
+                t,
+                TableCodec {
+                    pull,
+                    ..TableCodec::default()
+                },
+            )
+            .unwrap();
+        }
+    }
+    let ids: Vec<u64> = (0..400).map(|i| i * 104_729 + 17).collect();
+    plain
+        .push_sparse("pe", &ids, &gradient(400 * 32, 8))
+        .await
+        .unwrap();
+    plain
+        .push_sparse("pw", &ids, &gradient(400, 9))
+        .await
+        .unwrap();
+    plain
+        .push_sparse("px", &ids, &gradient(400 * 4, 10))
+        .await
+        .unwrap();
+    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    // One pull of the three, twice (the second finds the held rows of `pe` unchanged),
+    // against each table pulled on its own.
+    for round in 0..2 {
+        let asked = holding.pull_request_bytes();
+        let unchanged = holding.rows_unchanged();
+        let got = holding
+            .pull_sparse_tables(&["pe", "pw", "px"], &ids)
+            .await
+            .unwrap();
+        let asked = holding.pull_request_bytes() - asked;
+        for (t, rows) in ["pe", "pw", "px"].iter().zip(&got) {
+            let want = plain.pull_sparse(t, &ids).await.unwrap();
+            assert_eq!(bits(rows), bits(&want), "{t}, round {round}");
+        }
+        // The ids go once for `pe` and `pw` together and once for `px` (a third time if `pw`
+        // went on its own); the second round adds the digests (8 bytes a held row) of `pe`
+        // and `px` (`pw`'s int8 rows of one value share their scales: none is held), and the
+        // rest is names, masks and framing.
+        let ids_bytes: u64 = ids
+            .iter()
+            .map(|&i| prost::encoding::encoded_len_varint(i) as u64)
+            .sum();
+        let digests = if round == 0 { 0 } else { 2 * 400 * 8 };
+        assert!(
+            (2 * ids_bytes + digests..2 * ids_bytes + digests + 300).contains(&asked),
+            "round {round}: {asked} bytes asked, the ids {ids_bytes} bytes"
+        );
+        let kept = holding.rows_unchanged() - unchanged;
+        assert_eq!(kept, if round == 0 { 0 } else { 800 }, "round {round}");
+    }
+    // The same request by hand: the tables' answers come in `also`, in order.
+    let cluster_one = TestCluster::start(1).await;
+    let one = cluster_one.client().await;
+    one.create_table(sparse_sgd("pe", 32, 1.0)).await.unwrap();
+    one.create_table(sparse_sgd("pw", 1, 1.0).placed_with("pe").unwrap())
+        .await
+        .unwrap();
+    one.create_table(sparse_sgd("px", 4, 1.0)).await.unwrap();
+    one.create_table(dense_sgd("pd", &[10], 1.0)).await.unwrap();
+    let mut raw = ParameterServerClient::connect(cluster_one.endpoints[0].clone())
+        .await
+        .unwrap();
+    let req = |also: &[&str]| pb::PullSparseRequest {
+        table: "pe".into(),
+        ids: (0..10).collect(),
+        accept: encoding_to_pb(Encoding::F32) as i32,
+        also: also
+            .iter()
+            .map(|t| pb::PullSparseAlso {
+                table: (*t).into(),
+                accept: encoding_to_pb(Encoding::F16) as i32,
+                ..Default::default()
+            })
+            .collect(),
+        ..Default::default()
+    };
+    let answer = raw.pull_sparse(req(&["pw"])).await.unwrap().into_inner();
+    assert_eq!(answer.values.unwrap().num_values, 10 * 32);
+    assert_eq!(answer.also.len(), 1);
+    let wide = answer.also[0].values.clone().unwrap();
+    assert_eq!(
+        (wide.num_values, wide.encoding),
+        (10, pb::Encoding::F16 as i32)
+    );
+    for (also, code, says) in [
+        (
+            &["pw", "px"][..],
+            tonic::Code::InvalidArgument,
+            "not placed as",
+        ),
+        (&["pd"][..], tonic::Code::FailedPrecondition, "dense"),
+        (&["nope"][..], tonic::Code::NotFound, "nope"),
+    ] {
+        let status = raw.pull_sparse(req(also)).await.unwrap_err();
+        assert_eq!(status.code(), code, "{also:?}: {status:?}");
+        assert!(
+            status.message().contains(says),
+            "{also:?}: {}",
+            status.message()
+        );
+    }
+    let stats = one.stats().await.unwrap();
+    let pulls = |t: &str| {
+        stats[0]
+            .tables
+            .iter()
+            .find(|s| s.name.as_str() == t)
+            .map_or(0, |s| s.pulls)
+    };
+    // Only the one good request read anything.
+    assert_eq!((pulls("pe"), pulls("pw"), pulls("px")), (1, 1, 0));
+    cluster_one.stop().await;
     cluster.stop().await;
 }

@@ -8,7 +8,7 @@ use std::sync::atomic::Ordering;
 
 use ps_core::hash::row_digest;
 use ps_core::request::DenseSlice;
-use ps_core::{Held, Payload, PullDense, PullSparse, TableKind};
+use ps_core::{Encoding, Held, Payload, PullDense, PullSparse, TableKind, ValidationError};
 
 use super::table::{Table, TableData, ThreadCpu};
 use super::validate::wrong_kind;
@@ -109,39 +109,74 @@ impl<S: Store> Engine<S> {
         Ok(out)
     }
 
-    /// Reads rows of a sparse table in request order; unseen rows read as their initializer.
-    /// Returns the values of the rows not marked unchanged, and the mark (see [`held_answer`]).
-    pub fn pull_sparse(&self, req: &PullSparse) -> Result<(Payload, Held)> {
-        let table = self.table(&req.table)?;
-        let cpu = ThreadCpu::now();
-        let answer = self.pull_sparse_from(&table, req);
-        table.charge(cpu);
-        answer
+    /// Reads rows of a sparse table in request order, and of each table of `req.also` for the
+    /// same ids; unseen rows read as their initializer. Returns, per table (the request's own
+    /// first), the values of the rows not marked unchanged and the mark (see [`held_answer`]).
+    /// Every table must be sparse and placed as the first (`SparseSpec.placed_with`), so that
+    /// this shard owns the ids in each; otherwise nothing is read.
+    pub fn pull_sparse(&self, req: &PullSparse) -> Result<Vec<(Payload, Held)>> {
+        self.check_epoch(req.map_epoch)?;
+        let first = self.table(&req.table)?;
+        let mut tables = Vec::with_capacity(1 + req.also.len());
+        tables.push((Arc::clone(&first), req.accept, &req.held));
+        for (i, a) in req.also.iter().enumerate() {
+            let t = self.table(&a.table)?;
+            if !matches!(t.spec.kind, TableKind::Sparse { .. }) {
+                return Err(wrong_kind(&t));
+            }
+            if t.placement != first.placement {
+                return Err(ValidationError::new(
+                    format!("also[{i}].table"),
+                    format!(
+                        "`{}` is not placed as `{}` is (their sparse specs' placed_with differ), \
+                         so its rows of these ids are on other shards: pull it on its own",
+                        a.table, req.table
+                    ),
+                )
+                .into());
+            }
+            tables.push((t, a.accept, &a.held));
+        }
+        let dims: u64 = tables.iter().map(|(t, ..)| t.spec.row_dim() as u64).sum();
+        let answer = (req.ids.len() as u64).saturating_mul(dims * 4);
+        self.check_answer(&first, answer, "pull fewer ids per call")?;
+        tables
+            .iter()
+            .map(|(table, accept, held)| {
+                let cpu = ThreadCpu::now();
+                let answer = self.pull_sparse_from(table, &req.ids, *accept, held);
+                table.charge(cpu);
+                answer
+            })
+            .collect()
     }
 
-    fn pull_sparse_from(&self, table: &Arc<Table>, req: &PullSparse) -> Result<(Payload, Held)> {
-        self.check_epoch(req.map_epoch)?;
+    fn pull_sparse_from(
+        &self,
+        table: &Arc<Table>,
+        ids: &[u64],
+        accept: Encoding,
+        held: &Held,
+    ) -> Result<(Payload, Held)> {
         let (TableKind::Sparse { dim }, TableData::Sparse(rows)) = (&table.spec.kind, &table.data)
         else {
             return Err(wrong_kind(table));
         };
-        self.check_ids(table, &req.ids)?;
-        let answer = (req.ids.len() as u64).saturating_mul(*dim as u64 * 4);
-        self.check_answer(table, answer, "pull fewer ids per call")?;
+        self.check_ids(table, ids)?;
         let dim = *dim as usize;
-        let mut buf = vec![0.0f32; req.ids.len() * dim];
+        let mut buf = vec![0.0f32; ids.len() * dim];
         let mut missing = Vec::new();
-        rows.read_many(&req.ids, dim, &mut buf, &mut missing);
+        rows.read_many(ids, dim, &mut buf, &mut missing);
         self.inner
             .cache
-            .counted((req.ids.len() - missing.len()) as u64, missing.len() as u64);
+            .counted((ids.len() - missing.len()) as u64, missing.len() as u64);
         if !missing.is_empty() {
             self.inner
-                .read_missing(table, rows, &req.ids, &missing, &mut buf)?;
+                .read_missing(table, rows, ids, &missing, &mut buf)?;
         }
         table.pulled(buf.len() as u64);
         m::pulled(table.spec.name.as_str(), "sparse", buf.len() as u64);
-        let (payload, unchanged) = held_answer(req, dim, &buf);
+        let (payload, unchanged) = held_answer(accept, held, dim, &buf);
         if !unchanged.is_empty() {
             m::pull_rows_unchanged(table.spec.name.as_str(), unchanged.count() as u64);
         }
@@ -155,19 +190,19 @@ impl<S: Store> Engine<S> {
 /// encoding still have the digest it sent, which are marked instead. Rows rounded together
 /// (int8 rows shorter than a block) are all sent: a row's values then depend on its
 /// neighbours in the answer, so the client's copy cannot be vouched for.
-fn held_answer(req: &PullSparse, dim: usize, buf: &[f32]) -> (Payload, Held) {
-    let full = Payload::encode_plain(buf, req.accept, dim);
-    if req.held.digests.is_empty() || !ps_codec::PullCodec::rows_stand_alone(req.accept, dim) {
+fn held_answer(accept: Encoding, held: &Held, dim: usize, buf: &[f32]) -> (Payload, Held) {
+    let full = Payload::encode_plain(buf, accept, dim);
+    if held.digests.is_empty() || !ps_codec::PullCodec::rows_stand_alone(accept, dim) {
         return (full, Held::default());
     }
     // The values as the client will decode them; the encoding was just made, so it decodes.
     let Ok(sent) = full.to_vec() else {
         return (full, Held::default());
     };
-    let mut unchanged = Held::clear(req.ids.len());
-    let mut digests = req.held.digests.iter();
+    let mut unchanged = Held::clear(buf.len() / dim.max(1));
+    let mut digests = held.digests.iter();
     for (i, row) in sent.chunks_exact(dim).enumerate() {
-        if req.held.has(i) && digests.next() == Some(&row_digest(row)) {
+        if held.has(i) && digests.next() == Some(&row_digest(row)) {
             unchanged.mark(i);
         }
     }
@@ -180,7 +215,7 @@ fn held_answer(req: &PullSparse, dim: usize, buf: &[f32]) -> (Payload, Held) {
             rest.extend_from_slice(row);
         }
     }
-    (Payload::encode_plain(&rest, req.accept, dim), unchanged)
+    (Payload::encode_plain(&rest, accept, dim), unchanged)
 }
 
 /// Bytes a dense answer's slice takes besides its values.

@@ -96,9 +96,10 @@ impl<S: Store> Engine<S> {
     /// Checks that this shard owns every id of a sparse request.
     pub(super) fn check_ids(&self, table: &Table, ids: &[u64]) -> Result<()> {
         for &id in ids {
-            self.check_owner(self.inner.partitioner.shard_for_id(table.hash, id), || {
-                format!("id {id}")
-            })?;
+            self.check_owner(
+                self.inner.partitioner.shard_for_id(table.placement, id),
+                || format!("id {id}"),
+            )?;
         }
         Ok(())
     }

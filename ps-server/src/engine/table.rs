@@ -94,7 +94,10 @@ impl ThreadCpu {
 pub struct Table {
     pub(super) id: u32,
     pub(super) spec: TableSpec,
+    /// The hash of the table's name (its initial values are seeded by it).
     pub(super) hash: u64,
+    /// The hash its sparse ids are placed by ([`TableSpec::placement_hash`]).
+    pub(super) placement: u64,
     pub(super) data: TableData,
     pub(super) dropped: AtomicBool,
     pub(super) counters: TableCounters,
@@ -112,6 +115,7 @@ impl Table {
     /// (sparse tables start empty).
     pub(super) fn new(id: u32, spec: TableSpec, owned: impl Fn(u64, u64) -> bool) -> Self {
         let hash = spec.name.hash64();
+        let placement = spec.placement_hash();
         let data = match &spec.kind {
             TableKind::Dense(shape) => TableData::Dense(
                 (0..shape.num_chunks())
@@ -142,6 +146,7 @@ impl Table {
             id,
             spec,
             hash,
+            placement,
             data,
             dense_bytes,
             dropped: AtomicBool::new(false),

@@ -70,6 +70,15 @@ def test_sparse_rows_sum_duplicates_and_read_the_initializer(cluster: LocalClust
         assert rows.shape == (100, 8)
         stats = {st.shard_index: {t.name: t for t in st.tables} for st in ps.stats()}
         assert all(stats[i]["emb"].rows > 5000 for i in (0, 1))
+        # A table placed with `emb` keeps each id on `emb`'s shard: this client routes its
+        # pushes there (a shard that does not own an id refuses it), and each shard holds the
+        # same number of rows of both.
+        ps.create_table(psclient.sparse_table("near", 1, optimizer=psclient.sgd(1.0), placed_with="emb"))
+        both = np.concatenate([many, ids])
+        ps.push_sparse("near", both, np.ones((len(both), 1), dtype=np.float32))
+        assert np.array_equal(ps.pull_sparse("near", many[:100]), -np.ones((100, 1), dtype=np.float32))
+        stats = {st.shard_index: {t.name: t for t in st.tables} for st in ps.stats()}
+        assert all(stats[i]["near"].rows == stats[i]["emb"].rows for i in (0, 1))
 
 
 def test_bad_input_is_refused_and_changes_nothing(cluster: LocalCluster) -> None:

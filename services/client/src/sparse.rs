@@ -5,7 +5,7 @@
 use futures::stream::{self, StreamExt, TryStreamExt};
 use ps_codec::PullCodec;
 use ps_codec::{Encoded, RowErrorFeedback};
-use ps_core::{Held, Payload, TableSpec};
+use ps_core::{Held, Payload};
 use ps_proto::v1 as pb;
 
 use crate::compress::Sender;
@@ -33,7 +33,11 @@ impl PsClient {
         }
         let (codec, sender) = self.inner.codecs.get(&spec.name);
         let started = std::time::Instant::now();
-        let groups = self.group_ids(&spec, ids, dim, codec.push.codec.max_bytes_per_value());
+        let groups = self.group_ids(
+            spec.placement_hash(),
+            ids,
+            dim as f64 * codec.push.codec.max_bytes_per_value().max(0.01) + 8.0,
+        );
         // Encode every request under the table's lock, with per-row error feedback.
         let requests: Vec<(usize, Vec<u64>, Encoded)> = {
             let mut guard = sender.lock();
@@ -43,22 +47,27 @@ impl PsClient {
                 let budget = self.inner.cfg.row_residual_mib.saturating_mul(1 << 20);
                 RowErrorFeedback::bounded(dim, RowErrorFeedback::rows_in(budget, dim))
             });
-            let mut out = Vec::with_capacity(groups.len());
-            for (shard, positions) in groups {
-                let ids: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();
-                let mut values = Vec::with_capacity(positions.len() * dim);
-                for &p in &positions {
-                    values.extend_from_slice(&grads[p * dim..(p + 1) * dim]);
+            // The requests are parts of one push: each takes the codec the whole push would,
+            // however its ids split over the shards (a part under `min_values` would otherwise
+            // go as plain f32, every row with its id).
+            enc.for_parts_of(grads.len(), |enc| {
+                let mut out = Vec::with_capacity(groups.len());
+                for (shard, positions) in groups {
+                    let ids: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();
+                    let mut values = Vec::with_capacity(positions.len() * dim);
+                    for &p in &positions {
+                        values.extend_from_slice(&grads[p * dim..(p + 1) * dim]);
+                    }
+                    let e = if lossy {
+                        rows.compress(enc, &ids, &values)
+                            .map_err(|e| ClientError::InvalidInput(e.to_string()))?
+                    } else {
+                        enc.encode(&values)
+                    };
+                    out.push((shard, ids, e));
                 }
-                let e = if lossy {
-                    rows.compress(enc, &ids, &values)
-                        .map_err(|e| ClientError::InvalidInput(e.to_string()))?
-                } else {
-                    enc.encode(&values)
-                };
-                out.push((shard, ids, e));
-            }
-            out
+                Ok::<_, ClientError>(out)
+            })?
         };
         // What goes on the wire: a sparse codec's request carries only the rows it has an
         // entry for, and their ids (the rest of each row is in the residual, or was zero).
@@ -166,6 +175,28 @@ impl PsClient {
         self.pull_sparse_as(name, ids, Some(PullCodec::F32)).await
     }
 
+    /// Pulls rows `ids` of every sparse table of `names`, each under its pull codec: per
+    /// table, `ids.len() * dim` values, row after row, as [`PsClient::pull_sparse`] gets them.
+    /// Tables placed alike (`TableSpec::placed_with`) are read by one request per shard
+    /// that sends the ids once; the others by requests of their own, at the same time.
+    pub async fn pull_sparse_tables(
+        &self,
+        names: &[&str],
+        ids: &[u64],
+    ) -> Result<Vec<Vec<f32>>, ClientError> {
+        self.pull_sparse_many(names, ids, None).await
+    }
+
+    /// [`PsClient::pull_sparse_tables`] exactly, in f32 (for evaluating what the shards hold).
+    pub async fn pull_sparse_tables_f32(
+        &self,
+        names: &[&str],
+        ids: &[u64],
+    ) -> Result<Vec<Vec<f32>>, ClientError> {
+        self.pull_sparse_many(names, ids, Some(PullCodec::F32))
+            .await
+    }
+
     /// Pulls rows under `pull`, or the table's pull codec.
     async fn pull_sparse_as(
         &self,
@@ -173,135 +204,240 @@ impl PsClient {
         ids: &[u64],
         pull: Option<PullCodec>,
     ) -> Result<Vec<f32>, ClientError> {
-        let (spec, dim) = self.sparse_dim(name).await?;
-        let state = self.inner.codecs.state_of(&spec.name);
-        let mut codec = state.codec;
-        codec.pull = pull.unwrap_or(codec.pull);
-        let accept = codec.pull.encoding();
-        let bytes_per_value = codec.pull_bytes_per_value();
-        let groups = self.group_ids(&spec, ids, dim, bytes_per_value);
-        let table = spec.name.to_string();
-        let mut out = vec![0.0f32; ids.len() * dim];
-        // The table's held rows, for pulls under its own codec whose rows are rounded each on
-        // its own; their values go into `out` now, and what each request says it holds.
-        let held_rows = (pull.is_none()
-            && self.inner.cfg.held_rows_mib > 0
-            && PullCodec::rows_stand_alone(accept, dim))
-        .then_some(&state.held);
-        let groups: Vec<(usize, Vec<usize>, Held)> = match held_rows {
-            Some(held) => {
-                let mut guard = held.lock();
-                let rows = match guard.as_mut() {
-                    Some(rows) if rows.dim() == dim => rows,
-                    _ => guard.insert(HeldRows::new(
-                        dim,
-                        self.inner.cfg.held_rows_mib.saturating_mul(1 << 20),
-                    )),
-                };
-                groups
-                    .into_iter()
-                    .map(|(shard, positions)| {
-                        let asked = rows.ask(ids, &positions, &mut out);
-                        (shard, positions, asked)
-                    })
-                    .collect()
-            }
-            None => groups
-                .into_iter()
-                .map(|(shard, positions)| (shard, positions, Held::default()))
-                .collect(),
-        };
-        let mut answers = stream::iter(groups.into_iter().map(|(shard, positions, asked)| {
-            let req = pb::PullSparseRequest {
-                table: table.clone(),
-                ids: positions.iter().map(|&p| ids[p]).collect(),
-                accept: ps_core::payload::encoding_to_pb(accept) as i32,
-                map_epoch: 0,
-                held: asked.mask.clone(),
-                held_digests: asked.digests.clone(),
-            };
-            self.inner
-                .count_pull_request(&req.table, prost::Message::encoded_len(&req));
-            let call = self.inner.call(shard, move |mut c, map_epoch| {
-                let req = pb::PullSparseRequest {
-                    map_epoch,
-                    ..req.clone()
-                };
-                async move { c.pull_sparse(req).await }
+        let mut rows = self.pull_sparse_many(&[name], ids, pull).await?;
+        Ok(rows.pop().unwrap_or_default())
+    }
+
+    /// Pulls rows of each of `names` under `pull`, or each table's pull codec; the tables of
+    /// one placement together.
+    async fn pull_sparse_many(
+        &self,
+        names: &[&str],
+        ids: &[u64],
+        pull: Option<PullCodec>,
+    ) -> Result<Vec<Vec<f32>>, ClientError> {
+        let mut tables = Vec::with_capacity(names.len());
+        for name in names {
+            let (spec, dim) = self.sparse_dim(name).await?;
+            let state = self.inner.codecs.state_of(&spec.name);
+            let mut codec = state.codec;
+            codec.pull = pull.unwrap_or(codec.pull);
+            let accept = codec.pull.encoding();
+            // The table's held rows, for pulls under its own codec whose rows are rounded
+            // each on its own.
+            let held = (pull.is_none()
+                && self.inner.cfg.held_rows_mib > 0
+                && PullCodec::rows_stand_alone(accept, dim))
+            .then_some(state.held);
+            tables.push(TablePull {
+                placement: spec.placement_hash(),
+                name: spec.name.to_string(),
+                dim,
+                accept,
+                bytes_per_value: codec.pull_bytes_per_value(),
+                codec_name: codec.pull.for_rows().to_string(),
+                held,
             });
-            async move { call.await.map(|r| (positions, asked, r)) }
+        }
+        // Tables in groups of one placement, in the order their first table comes.
+        let mut groups: Vec<Vec<usize>> = Vec::new();
+        for (i, t) in tables.iter().enumerate() {
+            match groups
+                .iter_mut()
+                .find(|g| tables[g[0]].placement == t.placement)
+            {
+                Some(g) => g.push(i),
+                None => groups.push(vec![i]),
+            }
+        }
+        let pulled = futures::future::try_join_all(groups.iter().map(|g| {
+            let group: Vec<&TablePull> = g.iter().map(|&i| &tables[i]).collect();
+            self.pull_placed_alike(group, ids)
         }))
-        .buffer_unordered(self.inner.cfg.max_in_flight);
-        let codec_name = codec.pull.for_rows().to_string();
-        while let Some((positions, asked, resp)) = answers.try_next().await? {
-            let unchanged = Held {
-                mask: resp.unchanged,
-                digests: Vec::new(),
-            };
-            let kept = unchanged_rows(&positions, &asked, &unchanged)?;
-            if let Some(v) = &resp.values {
-                self.inner.count_pull(
-                    &table,
-                    &codec_name,
-                    v.data.len() as u64,
-                    (positions.len() * dim) as u64,
-                );
+        .await?;
+        let mut out = vec![Vec::new(); tables.len()];
+        for (g, rows) in groups.iter().zip(pulled) {
+            for (&i, r) in g.iter().zip(rows) {
+                out[i] = r;
             }
-            let values = resp
-                .values
-                .ok_or_else(|| ClientError::Protocol("PullSparse answered without values".into()))
-                .and_then(|v| {
-                    Payload::try_from(v).map_err(|e| ClientError::Protocol(e.to_string()))
-                })?;
-            let sent = positions.len() - kept;
-            if values.len() != sent * dim {
-                return Err(ClientError::Protocol(format!(
-                    "asked for {} rows of dim {dim}, {kept} of them unchanged, got {} values",
-                    positions.len(),
-                    values.len()
-                )));
-            }
-            let rows = values
-                .to_vec()
-                .map_err(|e| ClientError::Protocol(e.to_string()))?;
-            let fresh = positions
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| !unchanged.has(*i))
-                .map(|(_, &p)| p);
-            for (p, row) in fresh.clone().zip(rows.chunks_exact(dim)) {
-                out[p * dim..(p + 1) * dim].copy_from_slice(row);
-            }
-            if let Some(held) = held_rows {
-                let mut guard = held.lock();
-                if let Some(h) = guard.as_mut().filter(|h| h.dim() == dim) {
-                    for (p, row) in fresh.zip(rows.chunks_exact(dim)) {
-                        h.keep(ids[p], row);
-                    }
-                }
-            }
-            self.inner
-                .rows_unchanged
-                .fetch_add(kept as u64, std::sync::atomic::Ordering::Relaxed);
         }
         Ok(out)
     }
 
-    /// Groups positions of `ids` by owning shard, in requests of bounded size.
-    fn group_ids(
+    /// Pulls rows `ids` of `tables`, which are placed alike: one request per shard (and
+    /// bounded size), the first table's fields its own and the others' in `also`.
+    async fn pull_placed_alike(
         &self,
-        spec: &TableSpec,
+        tables: Vec<&TablePull>,
         ids: &[u64],
-        dim: usize,
-        bytes_per_value: f64,
-    ) -> Vec<(usize, Vec<usize>)> {
-        let hash = spec.name.hash64();
+    ) -> Result<Vec<Vec<f32>>, ClientError> {
+        let Some(first) = tables.first() else {
+            return Ok(Vec::new());
+        };
+        let row_bytes: f64 = tables
+            .iter()
+            .map(|t| t.dim as f64 * t.bytes_per_value.max(0.01))
+            .sum::<f64>()
+            + 8.0;
+        let groups = self.group_ids(first.placement, ids, row_bytes);
+        let mut out: Vec<Vec<f32>> = tables
+            .iter()
+            .map(|t| vec![0.0f32; ids.len() * t.dim])
+            .collect();
+        // What each request says it holds of each table; the held values go into `out` now.
+        let mut asked: Vec<Vec<Held>> = vec![Vec::with_capacity(tables.len()); groups.len()];
+        for (table, values) in tables.iter().zip(out.iter_mut()) {
+            let Some(held) = &table.held else {
+                asked.iter_mut().for_each(|a| a.push(Held::default()));
+                continue;
+            };
+            let mut guard = held.lock();
+            let rows = match guard.as_mut() {
+                Some(rows) if rows.dim() == table.dim => rows,
+                _ => guard.insert(HeldRows::new(
+                    table.dim,
+                    self.inner.cfg.held_rows_mib.saturating_mul(1 << 20),
+                )),
+            };
+            for ((_, positions), a) in groups.iter().zip(asked.iter_mut()) {
+                a.push(rows.ask(ids, positions, values));
+            }
+        }
+        let mut answers = stream::iter(groups.into_iter().zip(asked).map(
+            |((shard, positions), asked)| {
+                let also: Vec<pb::PullSparseAlso> = tables[1..]
+                    .iter()
+                    .zip(&asked[1..])
+                    .map(|(t, a)| pb::PullSparseAlso {
+                        table: t.name.clone(),
+                        accept: ps_core::payload::encoding_to_pb(t.accept) as i32,
+                        held: a.mask.clone(),
+                        held_digests: a.digests.clone(),
+                    })
+                    .collect();
+                for (t, a) in tables[1..].iter().zip(&also) {
+                    self.inner
+                        .count_pull_request(&t.name, prost::Message::encoded_len(a));
+                }
+                let req = pb::PullSparseRequest {
+                    table: first.name.clone(),
+                    ids: positions.iter().map(|&p| ids[p]).collect(),
+                    accept: ps_core::payload::encoding_to_pb(first.accept) as i32,
+                    map_epoch: 0,
+                    held: asked[0].mask.clone(),
+                    held_digests: asked[0].digests.clone(),
+                    also,
+                };
+                let also_bytes: usize = req.also.iter().map(prost::Message::encoded_len).sum();
+                self.inner.count_pull_request(
+                    &req.table,
+                    prost::Message::encoded_len(&req).saturating_sub(also_bytes),
+                );
+                let call = self.inner.call(shard, move |mut c, map_epoch| {
+                    let req = pb::PullSparseRequest {
+                        map_epoch,
+                        ..req.clone()
+                    };
+                    async move { c.pull_sparse(req).await }
+                });
+                async move { call.await.map(|r| (positions, asked, r)) }
+            },
+        ))
+        .buffer_unordered(self.inner.cfg.max_in_flight);
+        while let Some((positions, asked, resp)) = answers.try_next().await? {
+            if resp.also.len() + 1 != tables.len() {
+                return Err(ClientError::Protocol(format!(
+                    "PullSparse of {} tables answered for {}",
+                    tables.len(),
+                    resp.also.len() + 1
+                )));
+            }
+            let parts = std::iter::once(pb::PullSparseAnswer {
+                values: resp.values,
+                unchanged: resp.unchanged,
+            })
+            .chain(resp.also);
+            for (((table, values), asked), answer) in
+                tables.iter().zip(out.iter_mut()).zip(&asked).zip(parts)
+            {
+                self.take_rows(table, ids, &positions, asked, answer, values)?;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Takes one table's answer to a pull of `ids[positions]` into `out` (held rows the answer
+    /// marks unchanged are already there) and keeps the rows it brought.
+    fn take_rows(
+        &self,
+        table: &TablePull,
+        ids: &[u64],
+        positions: &[usize],
+        asked: &Held,
+        answer: pb::PullSparseAnswer,
+        out: &mut [f32],
+    ) -> Result<(), ClientError> {
+        let dim = table.dim;
+        let unchanged = Held {
+            mask: answer.unchanged,
+            digests: Vec::new(),
+        };
+        let kept = unchanged_rows(positions, asked, &unchanged)?;
+        if let Some(v) = &answer.values {
+            self.inner.count_pull(
+                &table.name,
+                &table.codec_name,
+                v.data.len() as u64,
+                (positions.len() * dim) as u64,
+            );
+        }
+        let values = answer
+            .values
+            .ok_or_else(|| ClientError::Protocol("PullSparse answered without values".into()))
+            .and_then(|v| Payload::try_from(v).map_err(|e| ClientError::Protocol(e.to_string())))?;
+        let sent = positions.len() - kept;
+        if values.len() != sent * dim {
+            return Err(ClientError::Protocol(format!(
+                "asked for {} rows of dim {dim} of `{}`, {kept} of them unchanged, got {} values",
+                positions.len(),
+                table.name,
+                values.len()
+            )));
+        }
+        let rows = values
+            .to_vec()
+            .map_err(|e| ClientError::Protocol(e.to_string()))?;
+        let fresh = positions
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| !unchanged.has(*i))
+            .map(|(_, &p)| p);
+        for (p, row) in fresh.clone().zip(rows.chunks_exact(dim)) {
+            out[p * dim..(p + 1) * dim].copy_from_slice(row);
+        }
+        if let Some(held) = &table.held {
+            let mut guard = held.lock();
+            if let Some(h) = guard.as_mut().filter(|h| h.dim() == dim) {
+                for (p, row) in fresh.zip(rows.chunks_exact(dim)) {
+                    h.keep(ids[p], row);
+                }
+            }
+        }
+        self.inner
+            .rows_unchanged
+            .fetch_add(kept as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Groups positions of `ids` by owning shard under placement hash `placement`
+    /// ([`ps_core::TableSpec::placement_hash`]), in requests of at most about `max_request_bytes` at
+    /// `row_bytes` a row.
+    fn group_ids(&self, placement: u64, ids: &[u64], row_bytes: f64) -> Vec<(usize, Vec<usize>)> {
         let n = self.inner.num_shards;
-        let row_bytes = dim as f64 * bytes_per_value.max(0.01) + 8.0;
         let per_request = ((self.inner.cfg.max_request_bytes as f64 / row_bytes) as usize).max(1);
         let mut by_shard: Vec<Vec<usize>> = vec![Vec::new(); n];
         for (p, &id) in ids.iter().enumerate() {
-            by_shard[self.inner.partitioner.shard_for_id(hash, id) as usize].push(p);
+            by_shard[self.inner.partitioner.shard_for_id(placement, id) as usize].push(p);
         }
         by_shard
             .into_iter()
@@ -313,6 +449,19 @@ impl PsClient {
             })
             .collect()
     }
+}
+
+/// One table of a sparse pull: what its requests ask and how its answers are taken.
+struct TablePull {
+    placement: u64,
+    name: String,
+    dim: usize,
+    accept: ps_codec::Encoding,
+    bytes_per_value: f64,
+    /// The rows' pull codec, as metrics name it.
+    codec_name: String,
+    /// The rows this client holds of the table, where it holds any.
+    held: Option<std::sync::Arc<parking_lot::Mutex<Option<HeldRows>>>>,
 }
 
 /// How many rows of a pull's answer are marked `unchanged`: none when the mask is empty, else

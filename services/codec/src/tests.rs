@@ -759,3 +759,29 @@ fn int4_layout_is_as_documented() {
     let scale = 2.0f32 / 7.0;
     assert_eq!(back, vec![7.0, -7.0, 3.0, 5.0 * scale, -7.0 * scale]);
 }
+
+/// The parts of one payload take the codec the whole would: compressed when the whole is at
+/// least `min_values`, each part however small; plain f32 when the whole is under it.
+#[test]
+fn parts_take_the_codec_of_their_whole() {
+    let mut enc = Encoder::new(
+        CompressOptions {
+            codec: Codec::Int8 { block: 64 },
+            min_values: 1000,
+            ..CompressOptions::default()
+        },
+        1,
+    );
+    let part = vec![0.25f32; 600];
+    assert_eq!(enc.encode(&part).header.encoding, Encoding::F32);
+    let big = enc.for_parts_of(1200, |e| e.encode(&part).header.encoding);
+    assert_eq!(big, Encoding::Int8);
+    let small = enc.for_parts_of(900, |e| e.encode(&vec![0.25f32; 1100]).header.encoding);
+    assert_eq!(small, Encoding::F32);
+    // Outside, the encoder decides by each call's own length again.
+    assert_eq!(enc.encode(&part).header.encoding, Encoding::F32);
+    assert_eq!(
+        enc.encode(&vec![0.25f32; 1100]).header.encoding,
+        Encoding::Int8
+    );
+}

@@ -37,7 +37,9 @@ pub use export::ExportPart;
 pub use job::{Consistency, JobSpec, JobTable};
 pub use partition::Partitioner;
 pub use payload::{Encoding, Payload};
-pub use request::{Held, PullDense, PullSparse, PushDense, PushId, PushSparse};
+pub use request::{
+    Held, MAX_PULL_ALSO, PullDense, PullSparse, PullSparseAlso, PushDense, PushId, PushSparse,
+};
 pub use table::{
     DenseShape, Initializer, InitializerKind, NonFinitePolicy, Optimizer, TableKind, TableName,
     TableSpec,

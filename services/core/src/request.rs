@@ -238,7 +238,21 @@ pub struct PullSparse {
     pub map_epoch: u64,
     /// The rows the client holds (empty: none).
     pub held: Held,
+    /// More tables read for the same ids (`PullSparseRequest.also`), in order.
+    pub also: Vec<PullSparseAlso>,
 }
+
+/// Another table of a sparse pull, read for the request's ids.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PullSparseAlso {
+    pub table: TableName,
+    pub accept: Encoding,
+    /// The rows the client holds of this table (empty: none).
+    pub held: Held,
+}
+
+/// The most tables one sparse pull reads besides its own.
+pub const MAX_PULL_ALSO: usize = 15;
 
 impl TryFrom<pb::PullSparseRequest> for PullSparse {
     type Error = ValidationError;
@@ -249,12 +263,42 @@ impl TryFrom<pb::PullSparseRequest> for PullSparse {
             digests: r.held_digests,
         };
         held.check(r.ids.len())?;
+        if r.also.len() > MAX_PULL_ALSO {
+            return Err(ValidationError::new(
+                "also",
+                format!(
+                    "{} more tables; one pull reads at most {MAX_PULL_ALSO} besides its own",
+                    r.also.len()
+                ),
+            ));
+        }
+        let n = r.ids.len();
+        let also = r
+            .also
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let within = |e: ValidationError| e.within(&format!("also[{i}]"));
+                let held = Held {
+                    mask: a.held,
+                    digests: a.held_digests,
+                };
+                held.check(n).map_err(within)?;
+                Ok(PullSparseAlso {
+                    table: TableName::try_from(a.table)
+                        .map_err(|e| ValidationError::new(format!("also[{i}].table"), e.reason))?,
+                    accept: accept_from_pb(a.accept).map_err(within)?,
+                    held,
+                })
+            })
+            .collect::<Result<_, ValidationError>>()?;
         Ok(Self {
             table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
             ids: r.ids,
             accept: accept_from_pb(r.accept)?,
             map_epoch: r.map_epoch,
             held,
+            also,
         })
     }
 }
@@ -372,6 +416,37 @@ mod tests {
             "held_digests"
         );
         assert_eq!(field(pull(8, &[], vec![7]).unwrap_err()).0, "held");
+        // The other tables' held rows and encodings are checked alike, named by position.
+        let with_also = |also: Vec<pb::PullSparseAlso>| {
+            PullSparse::try_from(pb::PullSparseRequest {
+                table: "emb".into(),
+                ids: (0..10).collect(),
+                also,
+                ..Default::default()
+            })
+        };
+        let part = |table: &str, held: &[u8], digests: Vec<u64>, accept| pb::PullSparseAlso {
+            table: table.into(),
+            accept,
+            held: held.to_vec(),
+            held_digests: digests,
+        };
+        let ok = with_also(vec![part("wide", &[1, 0], vec![5], 4)]).unwrap();
+        assert_eq!(ok.also[0].table.as_str(), "wide");
+        assert_eq!(ok.also[0].accept, Encoding::Int8);
+        assert!(ok.also[0].held.has(0));
+        for (also, want) in [
+            (
+                vec![part("w", &[], vec![], 0), part("x", &[1], vec![1], 0)],
+                "also[1].held",
+            ),
+            (vec![part("w", &[1, 0], vec![], 0)], "also[0].held_digests"),
+            (vec![part("", &[], vec![], 0)], "also[0].table"),
+            (vec![part("w", &[], vec![], 5)], "also[0].accept"),
+            (vec![part("w", &[], vec![], 0); 16], "also"),
+        ] {
+            assert_eq!(field(with_also(also).unwrap_err()).0, want);
+        }
     }
 
     #[test]

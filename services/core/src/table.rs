@@ -387,6 +387,11 @@ pub struct TableSpec {
     /// evicted (0: no cap). See `SparseSpec.max_rows`.
     #[serde(default)]
     pub max_rows: u64,
+    /// Sparse tables: the name whose hash places the table's ids on the shards, so that tables
+    /// placed alike keep each id's rows on one shard (`None`: the table's own name). See
+    /// `SparseSpec.placed_with` and [`TableSpec::placement_hash`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placed_with: Option<TableName>,
 }
 
 /// The most pushes admission may wait for: the sketch counts to `u16::MAX`.
@@ -418,6 +423,7 @@ impl TableSpec {
             ttl_seconds: 0,
             ttl_clocks: 0,
             max_rows: 0,
+            placed_with: None,
         }
         .validated()
     }
@@ -434,6 +440,7 @@ impl TableSpec {
             ttl_seconds: 0,
             ttl_clocks: 0,
             max_rows: 0,
+            placed_with: None,
         }
         .validated()
     }
@@ -480,6 +487,23 @@ impl TableSpec {
         self.validated()
     }
 
+    /// Places the ids of this sparse table as table `name` places its own (see
+    /// [`TableSpec::placement_hash`]); its own name means the default placement.
+    pub fn placed_with(mut self, name: &str) -> Result<Self, ValidationError> {
+        self.placed_with = Some(
+            TableName::try_from(name)
+                .map_err(|e| ValidationError::new("sparse.placed_with", e.reason))?,
+        );
+        self.validated()
+    }
+
+    /// The hash the consistent-hash ring places this table's sparse ids (and dense chunks) by:
+    /// that of [`TableSpec::placed_with`]'s name, or of the table's own. Two sparse tables with
+    /// the same placement hash keep each id's rows on the same shard.
+    pub fn placement_hash(&self) -> u64 {
+        self.placed_with.as_ref().unwrap_or(&self.name).hash64()
+    }
+
     /// Whether rows of this table are evicted by age or count (TTL or a row cap).
     pub fn evicts_rows(&self) -> bool {
         self.ttl_seconds > 0 || self.ttl_clocks > 0 || self.max_rows > 0
@@ -505,8 +529,12 @@ impl TableSpec {
         }
     }
 
-    /// Checks the invariants every stored spec holds.
-    pub fn validated(self) -> Result<Self, ValidationError> {
+    /// Checks the invariants every stored spec holds (and drops a `placed_with` that names
+    /// the table itself: that is the default placement).
+    pub fn validated(mut self) -> Result<Self, ValidationError> {
+        if self.placed_with.as_ref() == Some(&self.name) {
+            self.placed_with = None;
+        }
         match &self.kind {
             TableKind::Dense(d) => {
                 let mut len: u64 = 1;
@@ -555,6 +583,13 @@ impl TableSpec {
                             "sparse.max_rows"
                         },
                         "eviction is for sparse tables; dense values are never evicted",
+                    ));
+                }
+                if self.placed_with.is_some() {
+                    return Err(ValidationError::new(
+                        "sparse.placed_with",
+                        "placement by another table's name is for sparse tables; a dense \
+                         table's chunks are placed by its own",
                     ));
                 }
             }
@@ -641,6 +676,16 @@ impl TableSpec {
             ))
         } else if self.max_rows != other.max_rows {
             Some(format!("max_rows {} vs {}", self.max_rows, other.max_rows))
+        } else if self.placed_with != other.placed_with {
+            let name = |p: &Option<TableName>| {
+                p.as_ref()
+                    .map_or_else(|| "its own name".to_owned(), |n| format!("`{n}`"))
+            };
+            Some(format!(
+                "placed_with {} vs {}",
+                name(&self.placed_with),
+                name(&other.placed_with)
+            ))
         } else {
             None
         }
@@ -656,6 +701,7 @@ impl TryFrom<pb::TableSpec> for TableSpec {
     fn try_from(p: pb::TableSpec) -> Result<Self, Self::Error> {
         let name = TableName::try_from(p.name)?;
         let (mut admit_after, mut ttl_seconds, mut ttl_clocks, mut max_rows) = (0, 0, 0, 0);
+        let mut placed_with = None;
         let kind = match p.kind {
             Some(pb::table_spec::Kind::Dense(d)) => TableKind::Dense(DenseShape {
                 shape: d.shape,
@@ -670,6 +716,12 @@ impl TryFrom<pb::TableSpec> for TableSpec {
                 ttl_seconds = s.ttl_seconds;
                 ttl_clocks = s.ttl_clocks;
                 max_rows = s.max_rows;
+                if !s.placed_with.is_empty() {
+                    placed_with = Some(
+                        TableName::try_from(s.placed_with)
+                            .map_err(|e| ValidationError::new("sparse.placed_with", e.reason))?,
+                    );
+                }
                 TableKind::Sparse { dim: s.dim }
             }
             None => {
@@ -751,6 +803,7 @@ impl TryFrom<pb::TableSpec> for TableSpec {
             ttl_seconds,
             ttl_clocks,
             max_rows,
+            placed_with,
         }
         .validated()
         .map_err(|e| e.within("spec"))
@@ -770,6 +823,11 @@ impl From<&TableSpec> for pb::TableSpec {
                 ttl_seconds: s.ttl_seconds,
                 ttl_clocks: s.ttl_clocks,
                 max_rows: s.max_rows,
+                placed_with: s
+                    .placed_with
+                    .as_ref()
+                    .map(|n| n.to_string())
+                    .unwrap_or_default(),
             }),
         };
         let optimizer = match s.optimizer {

@@ -9,7 +9,7 @@
 //! | `softmax` | softmax regression | `w0` `[in, classes]`, `b0` `[classes]` |
 //! | `mlp:256,128` | ReLU MLP with those hidden widths | `w0`, `b0`, `w1`, `b1`, ... |
 //! | `sparse-lr` | logistic regression on sparse ids | `wide` (sparse, dim 1), `wide_bias` `[1]` |
-//! | `wide-deep:8:64` | `sparse-lr` plus an embedding bag of dim 8 into a ReLU MLP (64) | also `emb` (sparse, dim 8), `w0`, `b0`, ... |
+//! | `wide-deep:8:64` | `sparse-lr` plus an embedding bag of dim 8 into a ReLU MLP (64) | also `emb` (sparse, dim 8; `wide` is placed with it), `w0`, `b0`, ... |
 //! | `counter:4096:10` | a witness, not a model: every clock pushes a gradient of -1 into each of 4096 values (SGD, learning rate 1), after 10 ms of "compute" | `count` `[4096]`, in 8 chunks |
 //!
 //! Dense inputs train with softmax cross-entropy over the classes; sparse inputs with the
@@ -206,10 +206,14 @@ impl ModelSpec {
         let widths = self.layer_widths(input, classes)?;
         let mut t = Vec::new();
         if let Self::WideDeep { dim, .. } = self {
-            t.push(
-                TableSpec::sparse(&format!("{prefix}/wide"), 1)?
-                    .with_optimizer(Optimizer::adagrad(0.05))?,
-            );
+            // The wide table's ids are placed as the embeddings', so that one pull per shard
+            // reads both tables' rows of a batch and sends its ids once.
+            let mut wide = TableSpec::sparse(&format!("{prefix}/wide"), 1)?
+                .with_optimizer(Optimizer::adagrad(0.05))?;
+            if *dim > 0 {
+                wide = wide.placed_with(&format!("{prefix}/emb"))?;
+            }
+            t.push(wide);
             t.push(
                 TableSpec::dense(&format!("{prefix}/wide_bias"), &[1])?
                     .with_optimizer(Optimizer::adagrad(0.05))?,

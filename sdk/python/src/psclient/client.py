@@ -146,6 +146,10 @@ class _TableState:
 
     @property
     def hash(self) -> int:
+        """The hash the ring places the table by: its own name's, or for a sparse table placed
+        with another (``SparseSpec.placed_with``), that name's."""
+        if self.spec.WhichOneof("kind") == "sparse" and self.spec.sparse.placed_with:
+            return table_hash(self.spec.sparse.placed_with)
         return table_hash(self.spec.name)
 
     def dense(self) -> Tuple[int, int, int]:

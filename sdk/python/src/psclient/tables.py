@@ -81,12 +81,19 @@ def sparse_table(
     ttl_clocks: int = 0,
     max_rows: int = 0,
     skip_non_finite: bool = False,
+    placed_with: str = "",
 ) -> pb.TableSpec:
-    """Rows of ``dim`` f32 values keyed by u64 ids, created on first push by the initializer."""
+    """Rows of ``dim`` f32 values keyed by u64 ids, created on first push by the initializer.
+    ``placed_with`` places the ids as that table's are (``SparseSpec.placed_with``)."""
     return pb.TableSpec(
         name=name,
         sparse=pb.SparseSpec(
-            dim=dim, admit_after=admit_after, ttl_seconds=ttl_seconds, ttl_clocks=ttl_clocks, max_rows=max_rows
+            dim=dim,
+            admit_after=admit_after,
+            ttl_seconds=ttl_seconds,
+            ttl_clocks=ttl_clocks,
+            max_rows=max_rows,
+            placed_with=placed_with,
         ),
         optimizer=optimizer or sgd(0.01),
         initializer=initializer or zeros(),

@@ -71,18 +71,20 @@ class DenseSpec(_message.Message):
     def __init__(self, shape: _Optional[_Iterable[int]] = ..., chunk_elems: _Optional[int] = ...) -> None: ...
 
 class SparseSpec(_message.Message):
-    __slots__ = ("dim", "admit_after", "ttl_seconds", "ttl_clocks", "max_rows")
+    __slots__ = ("dim", "admit_after", "ttl_seconds", "ttl_clocks", "max_rows", "placed_with")
     DIM_FIELD_NUMBER: _ClassVar[int]
     ADMIT_AFTER_FIELD_NUMBER: _ClassVar[int]
     TTL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     TTL_CLOCKS_FIELD_NUMBER: _ClassVar[int]
     MAX_ROWS_FIELD_NUMBER: _ClassVar[int]
+    PLACED_WITH_FIELD_NUMBER: _ClassVar[int]
     dim: int
     admit_after: int
     ttl_seconds: int
     ttl_clocks: int
     max_rows: int
-    def __init__(self, dim: _Optional[int] = ..., admit_after: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., ttl_clocks: _Optional[int] = ..., max_rows: _Optional[int] = ...) -> None: ...
+    placed_with: str
+    def __init__(self, dim: _Optional[int] = ..., admit_after: _Optional[int] = ..., ttl_seconds: _Optional[int] = ..., ttl_clocks: _Optional[int] = ..., max_rows: _Optional[int] = ..., placed_with: _Optional[str] = ...) -> None: ...
 
 class Optimizer(_message.Message):
     __slots__ = ("sgd", "momentum", "adagrad", "adam", "ftrl")
@@ -362,22 +364,46 @@ class PushSparseRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., map_epoch: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Payload, _Mapping]] = ..., clock: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., authorization: _Optional[str] = ...) -> None: ...
 
 class PullSparseRequest(_message.Message):
-    __slots__ = ("table", "ids", "accept", "map_epoch", "held", "held_digests")
+    __slots__ = ("table", "ids", "accept", "map_epoch", "held", "held_digests", "also")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_FIELD_NUMBER: _ClassVar[int]
     MAP_EPOCH_FIELD_NUMBER: _ClassVar[int]
     HELD_FIELD_NUMBER: _ClassVar[int]
     HELD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    ALSO_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     accept: Encoding
     map_epoch: int
     held: bytes
     held_digests: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., accept: _Optional[_Union[Encoding, str]] = ..., map_epoch: _Optional[int] = ..., held: _Optional[bytes] = ..., held_digests: _Optional[_Iterable[int]] = ...) -> None: ...
+    also: _containers.RepeatedCompositeFieldContainer[PullSparseAlso]
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., accept: _Optional[_Union[Encoding, str]] = ..., map_epoch: _Optional[int] = ..., held: _Optional[bytes] = ..., held_digests: _Optional[_Iterable[int]] = ..., also: _Optional[_Iterable[_Union[PullSparseAlso, _Mapping]]] = ...) -> None: ...
+
+class PullSparseAlso(_message.Message):
+    __slots__ = ("table", "accept", "held", "held_digests")
+    TABLE_FIELD_NUMBER: _ClassVar[int]
+    ACCEPT_FIELD_NUMBER: _ClassVar[int]
+    HELD_FIELD_NUMBER: _ClassVar[int]
+    HELD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
+    table: str
+    accept: Encoding
+    held: bytes
+    held_digests: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, table: _Optional[str] = ..., accept: _Optional[_Union[Encoding, str]] = ..., held: _Optional[bytes] = ..., held_digests: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PullSparseResponse(_message.Message):
+    __slots__ = ("values", "unchanged", "also")
+    VALUES_FIELD_NUMBER: _ClassVar[int]
+    UNCHANGED_FIELD_NUMBER: _ClassVar[int]
+    ALSO_FIELD_NUMBER: _ClassVar[int]
+    values: Payload
+    unchanged: bytes
+    also: _containers.RepeatedCompositeFieldContainer[PullSparseAnswer]
+    def __init__(self, values: _Optional[_Union[Payload, _Mapping]] = ..., unchanged: _Optional[bytes] = ..., also: _Optional[_Iterable[_Union[PullSparseAnswer, _Mapping]]] = ...) -> None: ...
+
+class PullSparseAnswer(_message.Message):
     __slots__ = ("values", "unchanged")
     VALUES_FIELD_NUMBER: _ClassVar[int]
     UNCHANGED_FIELD_NUMBER: _ClassVar[int]
