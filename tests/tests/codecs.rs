@@ -1153,6 +1153,25 @@ async fn push_pull_dense_pulls_each_chunk_after_its_own_push() {
     cluster.stop().await;
 }
 
+/// Pulls `ids` of `table` through a client that holds rows and one that holds none, checks
+/// that both got the same values bit for bit, and returns the holding client's wire bytes and
+/// the rows its shards answered as unchanged.
+async fn pull_beside(holding: &PsClient, plain: &PsClient, table: &str, ids: &[u64]) -> (u64, u64) {
+    let (wire, _) = holding.pulled_bytes();
+    let unchanged = holding.rows_unchanged();
+    let got = holding.pull_sparse(table, ids).await.unwrap();
+    let want = plain.pull_sparse(table, ids).await.unwrap();
+    assert_eq!(
+        got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+        "{table}"
+    );
+    (
+        holding.pulled_bytes().0 - wire,
+        holding.rows_unchanged() - unchanged,
+    )
+}
+
 /// Rows pulled in int4 (16 bytes of codes and a scale a row of 32) are held as int8's are:
 /// a second pull of unchanged rows sends none of them, a changed row comes again, and every
 /// value is what a client holding nothing gets.
@@ -1179,20 +1198,7 @@ async fn held_rows_in_int4_come_again_only_when_changed() {
         .push_sparse("h4", &ids, &gradient(200 * 32, 6))
         .await
         .unwrap();
-    let pull = async |ids: &[u64]| {
-        let (wire, _) = holding.pulled_bytes();
-        let unchanged = holding.rows_unchanged();
-        let got = holding.pull_sparse("h4", ids).await.unwrap();
-        let want = plain.pull_sparse("h4", ids).await.unwrap();
-        assert_eq!(
-            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
-        (
-            holding.pulled_bytes().0 - wire,
-            holding.rows_unchanged() - unchanged,
-        )
-    };
+    let pull = async |ids: &[u64]| pull_beside(&holding, &plain, "h4", ids).await;
     let (first, kept) = pull(&ids).await;
     assert_eq!(kept, 0);
     assert!(
@@ -1240,22 +1246,7 @@ async fn held_rows_come_again_only_when_changed() {
         .push_sparse("hr", &ids, &gradient(300 * 32, 4))
         .await
         .unwrap();
-    // Pulls `ids` through both clients; returns the holding client's wire bytes and the rows
-    // its shards answered as unchanged.
-    let pull = async |ids: &[u64]| {
-        let (wire, _) = holding.pulled_bytes();
-        let unchanged = holding.rows_unchanged();
-        let got = holding.pull_sparse("hr", ids).await.unwrap();
-        let want = plain.pull_sparse("hr", ids).await.unwrap();
-        assert_eq!(
-            got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-        );
-        (
-            holding.pulled_bytes().0 - wire,
-            holding.rows_unchanged() - unchanged,
-        )
-    };
+    let pull = async |ids: &[u64]| pull_beside(&holding, &plain, "hr", ids).await;
     let asked = holding.pull_request_bytes();
     let (first, kept) = pull(&ids).await;
     let asked_first = holding.pull_request_bytes() - asked;

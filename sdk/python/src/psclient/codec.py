@@ -158,32 +158,33 @@ def _block_max_abs(values: F32Array, block: int) -> F32Array:
     return out
 
 
-def _int8(values: F32Array, block: int) -> bytes:
+def _block_codes(values: F32Array, block: int, levels: float) -> Tuple[F32Array, npt.NDArray[np.int64]]:
+    """Per block of ``block`` values a scale (its largest magnitude / ``levels``), and each value
+    as the nearest whole number of its block's scale (ties to even; 0 for NaN and infinities,
+    whose block's scale is NaN), as the Rust quantizers compute them."""
     n = len(values)
-    scales = (_block_max_abs(values, block) / np.float32(127.0)).astype(np.float32)
+    scales = (_block_max_abs(values, block) / np.float32(levels)).astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
         inv = np.where(scales > 0, np.float32(1.0) / scales, np.float32(0.0)).astype(np.float32)
     per_value = np.repeat(inv, block)[:n]
     with np.errstate(invalid="ignore"):
         x = (values * per_value).astype(np.float32)
-    q = np.rint(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)).astype(np.int64) & 0xFF
-    return scales.astype("<f4").tobytes() + q.astype(np.uint8).tobytes()
+    return scales, np.rint(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)).astype(np.int64)
+
+
+def _int8(values: F32Array, block: int) -> bytes:
+    scales, q = _block_codes(values, block, 127.0)
+    return scales.astype("<f4").tobytes() + (q & 0xFF).astype(np.uint8).tobytes()
 
 
 def _int4(values: F32Array, block: int) -> bytes:
     """Two 4-bit two's-complement codes a byte (value i in the low half of byte i // 2 when i is
     even), after a scale of max abs / 7 per block."""
-    n = len(values)
-    scales = (_block_max_abs(values, block) / np.float32(7.0)).astype(np.float32)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        inv = np.where(scales > 0, np.float32(1.0) / scales, np.float32(0.0)).astype(np.float32)
-    per_value = np.repeat(inv, block)[:n]
-    with np.errstate(invalid="ignore"):
-        x = (values * per_value).astype(np.float32)
-    q = (np.rint(np.nan_to_num(x, nan=0.0, posinf=0.0, neginf=0.0)).astype(np.int64) & 0xF).astype(np.uint8)
-    if n % 2:
-        q = np.append(q, np.uint8(0))
-    return scales.astype("<f4").tobytes() + (q[0::2] | (q[1::2] << np.uint8(4))).tobytes()
+    scales, q = _block_codes(values, block, 7.0)
+    codes = (q & 0xF).astype(np.uint8)
+    if len(codes) % 2:
+        codes = np.append(codes, np.uint8(0))
+    return scales.astype("<f4").tobytes() + (codes[0::2] | (codes[1::2] << np.uint8(4))).tobytes()
 
 
 def _sign(values: F32Array, block: int) -> bytes:
