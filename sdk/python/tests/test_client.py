@@ -161,6 +161,13 @@ def test_a_top_k_row_push_sends_only_the_rows_it_has_entries_for(cluster: LocalC
             assert np.allclose(after[r], before[r] - (0.9 * 0.01 + g[r] - owed), atol=1e-5), r
         assert s.rows == sent and 20 <= sent <= 30, (s.rows, sent)
         assert s.applied_values == sent * dim and s.raw_bytes == 400 * dim * 4
+        # 1,500 rows of one value: over the codec's 1,024 values, though each shard's part is
+        # under it: every part is compressed as the whole push would be, none sent in f32.
+        ps.create_table(psclient.sparse_table("w1", 1, optimizer=psclient.sgd(1.0)))
+        ps.set_table_codec("w1", codec="topk:0.01")
+        wide = np.arange(1500, dtype=np.uint64) * np.uint64(7919) + np.uint64(5)
+        s = ps.push_sparse("w1", wide, grads(1500, 11).reshape(1500, 1))
+        assert 2 <= s.rows <= 30, s.rows
 
 
 def test_compressed_pulls(cluster: LocalCluster) -> None:

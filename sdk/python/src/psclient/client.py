@@ -688,17 +688,20 @@ class Client:
         if g.size != len(ids_) * dim:
             raise InvalidInput(f"{len(ids_)} ids of dim {dim} need {len(ids_) * dim} gradient values; got {g.size}")
         rows = g.reshape(len(ids_), dim)
+        # The requests are parts of one push: each takes the codec the whole push would, however
+        # its ids split over the shards (as the Rust SDK's Encoder::for_parts_of).
+        part_min = 0 if g.size >= self.min_values else g.size + 1
         with st.lock:
             codec = st.codec
             requests = []
             for shard, pos in self._group(st, ids_, codec.max_bytes_per_value()):
                 rid, values = ids_[pos], rows[pos]
                 if not codec.keeps_row_residual:
-                    p = cd.encode(values.reshape(-1), codec, min_values=self.min_values, lz4=self.lz4)
+                    p = cd.encode(values.reshape(-1), codec, min_values=part_min, lz4=self.lz4)
                 else:
                     if st.rows is None:
                         st.rows = cd.RowResiduals(dim, cd.RowResiduals.rows_in(self.row_residual_bytes, dim))
-                    p = st.rows.compress(rid, values.reshape(-1), codec, min_values=self.min_values, lz4=self.lz4)
+                    p = st.rows.compress(rid, values.reshape(-1), codec, min_values=part_min, lz4=self.lz4)
                 requests.append((shard, rid, p))
         # What goes on the wire: a sparse codec's request carries only the rows it has an entry
         # for, and their ids (the rest of each row is in the residual, or was zero).
