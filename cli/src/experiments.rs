@@ -246,10 +246,10 @@ fn ctr_link_suite(
                 tables alike (int8: a byte a value and one f32 scale per row of 32; int4: half \
                 a byte a value and the same scales); delta top-k pulls the \
                 dense tables as the top 2% of their change and the rows in fp16. The ids \
-                (64-bit hashes, about 9.5 bytes each as protobuf varints, in every pull of \
-                each table and for every row pushed) are not compressed: a step's pull \
-                requests carry about 44 KB of them up, more than any configuration but f32 \
-                pushes. Pulls of changed rows: each worker keeps the embedding rows it \
+                (64-bit hashes, sent as 8-byte words, once a pull for both tables, which \
+                are placed alike, and once for every row pushed) are not compressed: a \
+                step's pull requests carry about 18 KB of them up, more than the top-k \
+                configurations push. Pulls of changed rows: each worker keeps the embedding rows it \
                 pulled (`--held-rows-mib 64`) and sends a 64-bit digest of each one it holds \
                 beside its id; the shards send only the rows whose values differ (with top-k \
                 pushes, about half of a step's rows are unchanged since the worker last \

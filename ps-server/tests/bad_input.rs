@@ -284,6 +284,28 @@ async fn bad_requests_are_refused_and_change_nothing() {
             Call::PushSparse(sparse_push(ids.clone(), f32s(&[1.0; 5]))),
         ),
         (
+            "ids both as varints and as words (push)",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "one of them",
+            Call::PushSparse(pb::PushSparseRequest {
+                fixed_ids: vec![9],
+                ..sparse_push(ids.clone(), f32s(&[1.0; 6]))
+            }),
+        ),
+        (
+            "ids both as varints and as words (pull)",
+            Code::InvalidArgument,
+            "INVALID_FIELD",
+            "one of them",
+            Call::PullSparse(pb::PullSparseRequest {
+                table: "s".into(),
+                ids: ids.clone(),
+                fixed_ids: vec![9],
+                ..Default::default()
+            }),
+        ),
+        (
             "a chunk out of range (push)",
             Code::OutOfRange,
             "CHUNK_OUT_OF_RANGE",

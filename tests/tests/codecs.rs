@@ -1308,7 +1308,7 @@ async fn held_rows_come_again_only_when_changed() {
         map_epoch: 0,
         held,
         held_digests: digests,
-        also: Vec::new(),
+        ..Default::default()
     };
     for (held, digests, field) in [
         (vec![1], vec![7], "held"),

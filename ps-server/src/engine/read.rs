@@ -117,6 +117,9 @@ impl<S: Store> Engine<S> {
     pub fn pull_sparse(&self, req: &PullSparse) -> Result<Vec<(Payload, Held)>> {
         self.check_epoch(req.map_epoch)?;
         let first = self.table(&req.table)?;
+        if !matches!(first.spec.kind, TableKind::Sparse { .. }) {
+            return Err(wrong_kind(&first));
+        }
         let mut tables = Vec::with_capacity(1 + req.also.len());
         tables.push((Arc::clone(&first), req.accept, &req.held));
         for (i, a) in req.also.iter().enumerate() {
@@ -137,6 +140,8 @@ impl<S: Store> Engine<S> {
             }
             tables.push((t, a.accept, &a.held));
         }
+        // One placement: owning the ids in the first table is owning them in every one.
+        self.check_ids(&first, &req.ids)?;
         let dims: u64 = tables.iter().map(|(t, ..)| t.spec.row_dim() as u64).sum();
         let answer = (req.ids.len() as u64).saturating_mul(dims * 4);
         self.check_answer(&first, answer, "pull fewer ids per call")?;
@@ -151,6 +156,7 @@ impl<S: Store> Engine<S> {
             .collect()
     }
 
+    /// Reads rows `ids` of sparse `table`, whose ownership [`Engine::pull_sparse`] checked.
     fn pull_sparse_from(
         &self,
         table: &Arc<Table>,
@@ -162,7 +168,6 @@ impl<S: Store> Engine<S> {
         else {
             return Err(wrong_kind(table));
         };
-        self.check_ids(table, ids)?;
         let dim = *dim as usize;
         let mut buf = vec![0.0f32; ids.len() * dim];
         let mut missing = Vec::new();
@@ -188,7 +193,7 @@ impl<S: Store> Engine<S> {
 /// The answer to a sparse pull of rows `buf` (`dim` values each, in request order): every row
 /// under the encoding asked for, less the rows the client holds whose values under that
 /// encoding still have the digest it sent, which are marked instead. Rows rounded together
-/// (int8 rows shorter than a block) are all sent: a row's values then depend on its
+/// (int8 and int4 rows shorter than a block) are all sent: a row's values then depend on its
 /// neighbours in the answer, so the client's copy cannot be vouched for.
 fn held_answer(accept: Encoding, held: &Held, dim: usize, buf: &[f32]) -> (Payload, Held) {
     let full = Payload::encode_plain(buf, accept, dim);

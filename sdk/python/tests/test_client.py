@@ -13,6 +13,7 @@ import pytest
 
 import psclient
 from psclient import codec as cd
+from psclient.client import _wire_ids
 
 from conftest import REPO, LocalCluster, Service, binary
 
@@ -79,6 +80,13 @@ def test_sparse_rows_sum_duplicates_and_read_the_initializer(cluster: LocalClust
         assert np.array_equal(ps.pull_sparse("near", many[:100]), -np.ones((100, 1), dtype=np.float32))
         stats = {st.shard_index: {t.name: t for t in st.tables} for st in ps.stats()}
         assert all(stats[i]["near"].rows == stats[i]["emb"].rows for i in (0, 1))
+        # Hashed ids (64-bit, most of them 2^56 or more) go as 8-byte words (`fixed_ids`),
+        # small ones as varints; the shards read both alike.
+        hashed = np.arange(1, 501, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        assert _wire_ids(hashed) == ([], hashed.tolist()) and _wire_ids(many) == (many.tolist(), [])
+        first = ps.pull_sparse("emb", hashed)
+        ps.push_sparse("emb", hashed, np.ones((500, 8), dtype=np.float32))
+        assert np.allclose(ps.pull_sparse("emb", hashed), first - LR, atol=1e-6)
 
 
 def test_bad_input_is_refused_and_changes_nothing(cluster: LocalCluster) -> None:

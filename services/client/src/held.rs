@@ -15,8 +15,7 @@
 //! The memory is bounded: at most `max_rows` rows; past it a CLOCK sweep drops a row not asked
 //! for since the hand last passed it.
 
-use std::collections::HashMap;
-
+use ps_codec::{IdMap, prefetch};
 use ps_core::Held;
 use ps_core::hash::row_digest;
 
@@ -26,7 +25,7 @@ pub(crate) struct HeldRows {
     dim: usize,
     max_rows: usize,
     /// Row id to its slot.
-    slots: HashMap<u64, u32, foldhash::fast::RandomState>,
+    slots: IdMap,
     values: Vec<f32>,
     /// Per slot: the row it holds, its digest, and whether it was asked for since the CLOCK
     /// hand last passed.
@@ -37,10 +36,10 @@ pub(crate) struct HeldRows {
 }
 
 impl HeldRows {
-    /// Bytes a held row of `dim` values takes: its values, id, digest, state and its entry in
-    /// the map.
+    /// Bytes a held row of `dim` values takes: its values, id, digest, state and its bucket
+    /// in the map (with the map's spare room, at most [`IdMap::BYTES_PER_ID`]'s larger figure).
     fn row_bytes(dim: usize) -> usize {
-        dim * 4 + 8 + 8 + 1 + 24
+        dim * 4 + 8 + 8 + 1 + IdMap::BYTES_PER_ID.1
     }
 
     /// Rows of `dim` values, at most as many as fit in `bytes` (at least one).
@@ -48,7 +47,7 @@ impl HeldRows {
         Self {
             dim,
             max_rows: (bytes / Self::row_bytes(dim)).clamp(1, u32::MAX as usize),
-            slots: HashMap::default(),
+            slots: IdMap::new(),
             values: Vec::new(),
             owner: Vec::new(),
             digests: Vec::new(),
@@ -68,8 +67,20 @@ impl HeldRows {
     pub fn ask(&mut self, ids: &[u64], positions: &[usize], out: &mut [f32]) -> Held {
         let dim = self.dim;
         let mut held = Held::clear(positions.len());
-        for (i, &p) in positions.iter().enumerate() {
-            if let Some(&s) = self.slots.get(&ids[p]) {
+        // Every row found first, its values asked for as it is found, then copied: the
+        // lookups' cache misses overlap (see `IdMap::get_many`).
+        let asked: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();
+        let mut slots = Vec::new();
+        let (values, digests) = (&self.values, &self.digests);
+        self.slots.get_many(&asked, &mut slots, |s| {
+            let s = s as usize;
+            prefetch(&digests[s]);
+            for line in values[s * dim..(s + 1) * dim].iter().step_by(16) {
+                prefetch(line);
+            }
+        });
+        for (i, (&p, s)) in positions.iter().zip(slots).enumerate() {
+            if let Some(s) = s {
                 let s = s as usize;
                 held.mark(i);
                 held.digests.push(self.digests[s]);
@@ -83,20 +94,27 @@ impl HeldRows {
         held
     }
 
-    /// Keeps `row` as row `id`'s values.
-    pub fn keep(&mut self, id: u64, row: &[f32]) {
+    /// Keeps `rows` (row after row) as the values of rows `ids`.
+    pub fn keep(&mut self, ids: &[u64], rows: &[f32]) {
         let dim = self.dim;
-        let s = match self.slots.get(&id) {
-            Some(&s) => s as usize,
-            None => {
-                let s = self.vacant();
-                self.slots.insert(id, s as u32);
-                self.owner[s] = id;
-                s
+        for (i, (&id, row)) in ids.iter().zip(rows.chunks_exact(dim)).enumerate() {
+            // Each lookup's bucket asked for ahead (see `IdMap::get_many`); each row is looked
+            // up in its turn, as a row kept before it may have taken an earlier one's slot.
+            if let Some(&next) = ids.get(i + IdMap::AHEAD) {
+                self.slots.prefetch(next);
             }
-        };
-        self.values[s * dim..(s + 1) * dim].copy_from_slice(row);
-        self.digests[s] = row_digest(row);
+            let s = match self.slots.get(id) {
+                Some(s) => s as usize,
+                None => {
+                    let s = self.vacant();
+                    self.slots.insert(id, s as u32);
+                    self.owner[s] = id;
+                    s
+                }
+            };
+            self.values[s * dim..(s + 1) * dim].copy_from_slice(row);
+            self.digests[s] = row_digest(row);
+        }
     }
 
     /// A slot for a new row: a new one while under `max_rows`, else one whose row the CLOCK
@@ -116,7 +134,7 @@ impl HeldRows {
             if std::mem::take(&mut self.used[s]) {
                 continue;
             }
-            self.slots.remove(&self.owner[s]);
+            self.slots.remove(self.owner[s]);
             return s;
         }
     }
@@ -134,9 +152,8 @@ mod tests {
     #[test]
     fn held_rows_go_out_with_their_digests_and_values() {
         let mut h = room(4, 2);
-        h.keep(10, &[1.0, 2.0]);
-        h.keep(20, &[3.0, 4.0]);
-        h.keep(10, &[5.0, 6.0]);
+        h.keep(&[10, 20], &[1.0, 2.0, 3.0, 4.0]);
+        h.keep(&[10], &[5.0, 6.0]);
         let ids = [20, 99, 10];
         let mut out = vec![0.0; 6];
         let asked = h.ask(&ids, &[0, 1, 2], &mut out);
@@ -153,12 +170,10 @@ mod tests {
     #[test]
     fn a_full_store_drops_a_row_not_asked_for_lately() {
         let mut h = room(3, 1);
-        for id in 1..=3 {
-            h.keep(id, &[id as f32]);
-        }
+        h.keep(&[1, 2, 3], &[1.0, 2.0, 3.0]);
         // 1 and 3 asked for: the hand passes them once and drops 2.
         h.ask(&[1, 3], &[0, 1], &mut [0.0; 2]);
-        h.keep(4, &[4.0]);
+        h.keep(&[4], &[4.0]);
         let held = |h: &mut HeldRows, id: u64| h.ask(&[id], &[0], &mut [0.0]).count() == 1;
         assert!(!held(&mut h, 2));
         assert!(held(&mut h, 1) && held(&mut h, 3) && held(&mut h, 4));

@@ -5,6 +5,7 @@
 use futures::stream::{self, StreamExt, TryStreamExt};
 use ps_codec::PullCodec;
 use ps_codec::{Encoded, RowErrorFeedback};
+use ps_core::request::{WireIds, ids_to_pb};
 use ps_core::{Held, Payload};
 use ps_proto::v1 as pb;
 
@@ -92,57 +93,64 @@ impl PsClient {
         let codec_name = codec.push.codec.to_string();
         let clock = Some(self.inner.clock.load(std::sync::atomic::Ordering::Relaxed))
             .filter(|&c| c != u64::MAX);
-        let calls: Vec<(usize, (Vec<u64>, pb::Payload))> = sent
+        let calls: Vec<(usize, (WireIds, pb::Payload))> = sent
             .iter()
             .map(|(i, ids, e)| {
                 let (shard, _, full) = &requests[*i];
                 wire_metric("push", &table, &codec_name, e, full.header.num_values);
-                (*shard, (ids.clone(), Payload::from(e.clone()).into()))
+                (
+                    *shard,
+                    (ids_to_pb(ids.clone()), Payload::from(e.clone()).into()),
+                )
             })
             .collect();
         let results = self
             .inner
-            .push_each(calls, |mut s, (ids, values), push_id, map_epoch| {
-                let mut req = pb::PushSparseRequest {
-                    table: table.clone(),
-                    push_id: Some(push_id),
-                    map_epoch,
-                    ids,
-                    values: Some(values),
-                    clock,
-                    ..Default::default()
-                };
-                async move {
-                    // Plain f32 rows go by the shard's bulk stream where it has one: the
-                    // values after the header as they are, no HTTP/2 frames around them.
-                    if req
-                        .values
-                        .as_ref()
-                        .is_some_and(ps_proto::bulk::is_plain_f32)
-                        && let Some(bulk) = s.bulk()
-                    {
-                        // The values leave the request for the body and come back for a
-                        // fallback to gRPC: nothing is copied.
-                        let body = req
+            .push_each(
+                calls,
+                |mut s, (WireIds { ids, fixed_ids }, values), push_id, map_epoch| {
+                    let mut req = pb::PushSparseRequest {
+                        table: table.clone(),
+                        push_id: Some(push_id),
+                        map_epoch,
+                        ids,
+                        fixed_ids,
+                        values: Some(values),
+                        clock,
+                        ..Default::default()
+                    };
+                    async move {
+                        // Plain f32 rows go by the shard's bulk stream where it has one: the
+                        // values after the header as they are, no HTTP/2 frames around them.
+                        if req
                             .values
-                            .as_mut()
-                            .map(|v| std::mem::take(&mut v.data))
-                            .unwrap_or_default();
-                        let sent = bulk.push_sparse(&mut req, &body).await;
-                        if let Some(v) = req.values.as_mut() {
-                            v.data = body;
+                            .as_ref()
+                            .is_some_and(ps_proto::bulk::is_plain_f32)
+                            && let Some(bulk) = s.bulk()
+                        {
+                            // The values leave the request for the body and come back for a
+                            // fallback to gRPC: nothing is copied.
+                            let body = req
+                                .values
+                                .as_mut()
+                                .map(|v| std::mem::take(&mut v.data))
+                                .unwrap_or_default();
+                            let sent = bulk.push_sparse(&mut req, &body).await;
+                            if let Some(v) = req.values.as_mut() {
+                                v.data = body;
+                            }
+                            if let Some(answer) = sent? {
+                                return Ok(answer);
+                            }
+                            s.rediscover_bulk().await;
                         }
-                        if let Some(answer) = sent? {
-                            return Ok(answer);
-                        }
-                        s.rediscover_bulk().await;
+                        s.grpc
+                            .push_sparse(req)
+                            .await
+                            .map(tonic::Response::into_inner)
                     }
-                    s.grpc
-                        .push_sparse(req)
-                        .await
-                        .map(tonic::Response::into_inner)
-                }
-            })
+                },
+            )
             .await;
         let mut summary = settle(
             results,
@@ -319,9 +327,14 @@ impl PsClient {
                     self.inner
                         .count_pull_request(&t.name, prost::Message::encoded_len(a));
                 }
+                let WireIds {
+                    ids: varint_ids,
+                    fixed_ids,
+                } = ids_to_pb(positions.iter().map(|&p| ids[p]).collect());
                 let req = pb::PullSparseRequest {
                     table: first.name.clone(),
-                    ids: positions.iter().map(|&p| ids[p]).collect(),
+                    ids: varint_ids,
+                    fixed_ids,
                     accept: ps_core::payload::encoding_to_pb(first.accept) as i32,
                     map_epoch: 0,
                     held: asked[0].mask.clone(),
@@ -418,9 +431,8 @@ impl PsClient {
         if let Some(held) = &table.held {
             let mut guard = held.lock();
             if let Some(h) = guard.as_mut().filter(|h| h.dim() == dim) {
-                for (p, row) in fresh.zip(rows.chunks_exact(dim)) {
-                    h.keep(ids[p], row);
-                }
+                let fresh_ids: Vec<u64> = fresh.map(|p| ids[p]).collect();
+                h.keep(&fresh_ids, &rows[..fresh_ids.len() * dim]);
             }
         }
         self.inner

@@ -2,10 +2,9 @@
 //! so that over any run the sum of what was sent plus what is still kept equals the sum of the
 //! gradients. This is what lets top-k and sign compression train as well as dense SGD.
 
-use std::collections::HashMap;
 use std::ops::Range;
 
-use crate::{CodecError, Encoded, Encoder};
+use crate::{CodecError, Encoded, Encoder, IdMap};
 
 /// Error feedback for one dense tensor (or any fixed-length vector).
 #[derive(Debug, Clone, Default)]
@@ -96,7 +95,8 @@ impl ErrorFeedback {
 /// row's gradient the next time the row is pushed. Rows with nothing owed take no memory.
 ///
 /// The residuals live in one arena (`dim` values a slot, freed slots reused), found by id
-/// through one map: a push looks each of its rows up once, and allocates nothing per row.
+/// through one [`IdMap`]: a push looks its rows up once, together (their cache misses
+/// overlap), and allocates nothing per row.
 ///
 /// The arena holds at most `max_rows` rows. A table's rows can far outnumber what a worker
 /// should keep (a residual for every row it ever pushed), so when a row needs a slot and none
@@ -110,7 +110,7 @@ pub struct RowErrorFeedback {
     dim: usize,
     max_rows: usize,
     /// Row id to its slot in `values`.
-    slots: HashMap<u64, u32, foldhash::fast::RandomState>,
+    slots: IdMap,
     values: Vec<f32>,
     /// Per slot: the row it holds and its CLOCK state (`FREE`, `IDLE`, `USED`, `PINNED`).
     owner: Vec<u64>,
@@ -143,7 +143,7 @@ impl RowErrorFeedback {
         Self {
             dim,
             max_rows: max_rows.clamp(1, u32::MAX as usize),
-            slots: HashMap::default(),
+            slots: IdMap::new(),
             values: Vec::new(),
             owner: Vec::new(),
             state: Vec::new(),
@@ -157,9 +157,10 @@ impl RowErrorFeedback {
     }
 
     /// How many rows of `dim` values fit in `bytes`: each takes its values, its id and state
-    /// and its entry in the map (about 24 bytes with the map's spare room).
+    /// and its bucket in the map (with the map's spare room, at most [`IdMap::BYTES_PER_ID`]'s
+    /// larger figure).
     pub fn rows_in(bytes: usize, dim: usize) -> usize {
-        bytes / (dim * 4 + 8 + 1 + 24)
+        bytes / (dim * 4 + 8 + 1 + IdMap::BYTES_PER_ID.1)
     }
 
     /// Rows that hold a residual.
@@ -178,7 +179,7 @@ impl RowErrorFeedback {
 
     /// The residual of row `id`, if it has one.
     pub fn residual(&self, id: u64) -> Option<&[f32]> {
-        self.slots.get(&id).map(|&s| self.slot(s))
+        self.slots.get(id).map(|s| self.slot(s))
     }
 
     fn slot(&self, s: u32) -> &[f32] {
@@ -205,7 +206,7 @@ impl RowErrorFeedback {
 
     /// Gives slot `s` (holding `id`) back.
     fn release(&mut self, id: u64, s: u32) {
-        if self.slots.remove(&id).is_some() {
+        if self.slots.remove(id).is_some() {
             self.state[s as usize] = FREE;
             self.free.push(s);
         }
@@ -237,7 +238,7 @@ impl RowErrorFeedback {
                 USED => self.state[s] = IDLE,
                 IDLE => {
                     let id = self.owner[s];
-                    self.slots.remove(&id);
+                    self.slots.remove(id);
                     self.evicted += 1;
                     #[cfg(test)]
                     self.dropped.push((id, self.slot(s as u32).to_vec()));
@@ -255,7 +256,7 @@ impl RowErrorFeedback {
     /// The slot of row `id`, pinned for this push, and whether it is new: a zeroed one made
     /// for it when it has none.
     fn slot_for(&mut self, id: u64) -> Option<(u32, bool)> {
-        if let Some(&s) = self.slots.get(&id) {
+        if let Some(s) = self.slots.get(id) {
             self.state[s as usize] = PINNED;
             return Some((s, false));
         }
@@ -323,20 +324,15 @@ impl RowErrorFeedback {
         // the residual's) overlap. A worker's table of residuals grows with the rows it has
         // pushed, far past the processor's caches; one lookup after another, each waiting
         // for its misses, was most of a push's encoding.
-        let known: Vec<Option<u32>> = ids
-            .iter()
-            .map(|id| {
-                let s = self.slots.get(id).copied();
-                if let Some(s) = s {
-                    self.state[s as usize] = PINNED;
-                    let at = s as usize * dim;
-                    for line in self.values[at..at + dim].iter().step_by(16) {
-                        crate::prefetch(line);
-                    }
-                }
-                s
-            })
-            .collect();
+        let mut known = Vec::new();
+        let (state, values) = (&mut self.state, &self.values);
+        self.slots.get_many(ids, &mut known, |s| {
+            state[s as usize] = PINNED;
+            let at = s as usize * dim;
+            for line in values[at..at + dim].iter().step_by(16) {
+                crate::prefetch(line);
+            }
+        });
         for (p, s) in known.iter().enumerate() {
             if let Some(s) = *s {
                 // Taken into this push: the slot is emptied (a duplicate id adds nothing more)

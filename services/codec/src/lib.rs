@@ -36,6 +36,7 @@ compile_error!("the codecs read and write little-endian values on a little-endia
 
 mod codec;
 mod feedback;
+pub mod idmap;
 pub mod lz4;
 mod pull;
 pub mod quant;
@@ -47,24 +48,8 @@ use bytes::Bytes;
 
 pub use codec::{Codec, CompressOptions, Encoder, Lz4Policy, ParseCodecError, SparseValues};
 pub use feedback::{ErrorFeedback, RowErrorFeedback};
+pub use idmap::{IdMap, prefetch};
 pub use pull::PullCodec;
-
-/// Asks the processor to bring `value`'s cache line in, without waiting for it: unlike a
-/// load, a prefetch retires at once, so the misses of many independent lookups (a push's
-/// rows) overlap instead of following one another.
-#[inline(always)]
-pub fn prefetch(value: &f32) {
-    #[cfg(target_arch = "x86_64")]
-    #[allow(unsafe_code)]
-    // SAFETY: a prefetch reads nothing the program sees and cannot fault; the pointer comes
-    // from a live reference.
-    unsafe {
-        use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
-        _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(value).cast());
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    std::hint::black_box(*value);
-}
 
 /// Largest block (bucket) size a header may name.
 pub const MAX_BLOCK: u32 = 1 << 24;

@@ -707,7 +707,7 @@ fn a_bounded_row_feedback_drops_the_idle_row() {
     assert_eq!(ef.len(), 2);
     assert!(ef.residual(20).is_some() && ef.residual(21).is_some());
     assert!(ef.residual(22).is_none());
-    assert_eq!(RowErrorFeedback::rows_in(1 << 20, 32), (1 << 20) / 161);
+    assert_eq!(RowErrorFeedback::rows_in(1 << 20, 32), (1 << 20) / 169);
 }
 
 #[test]

@@ -181,6 +181,52 @@ impl TryFrom<pb::PullDenseRequest> for PullDense {
     }
 }
 
+/// A sparse request's ids from the wire: `ids` (varints) or `fixed_ids` (8-byte words), never
+/// both.
+fn ids_from_pb(ids: Vec<u64>, fixed_ids: Vec<u64>) -> Result<Vec<u64>, ValidationError> {
+    match (ids.is_empty(), fixed_ids.is_empty()) {
+        (_, true) => Ok(ids),
+        (true, false) => Ok(fixed_ids),
+        (false, false) => Err(ValidationError::new(
+            "fixed_ids",
+            format!(
+                "{} ids in `ids` and {} in `fixed_ids`: a request sends its ids in one of them",
+                ids.len(),
+                fixed_ids.len()
+            ),
+        )),
+    }
+}
+
+/// A sparse request's ids as it sends them: in `ids` (varints) or `fixed_ids` (8-byte words).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WireIds {
+    pub ids: Vec<u64>,
+    pub fixed_ids: Vec<u64>,
+}
+
+/// `ids` as a sparse request sends them: as 8-byte words where that is shorter than their
+/// varints (hashed ids, at about 9.5 bytes a varint), else as varints.
+pub fn ids_to_pb(ids: Vec<u64>) -> WireIds {
+    let varints: usize = ids.iter().map(|&id| varint_len(id)).sum();
+    if varints > 8 * ids.len() {
+        WireIds {
+            ids: Vec::new(),
+            fixed_ids: ids,
+        }
+    } else {
+        WireIds {
+            ids,
+            fixed_ids: Vec::new(),
+        }
+    }
+}
+
+/// Bytes of `v` as a protobuf varint.
+fn varint_len(v: u64) -> usize {
+    (64 - (v | 1).leading_zeros() as usize).div_ceil(7)
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct PushSparse {
     pub table: TableName,
@@ -223,7 +269,7 @@ impl TryFrom<pb::PushSparseRequest> for PushSparse {
             table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
             push_id: PushId::try_from(r.push_id)?,
             map_epoch: r.map_epoch,
-            ids: r.ids,
+            ids: ids_from_pb(r.ids, r.fixed_ids)?,
             values,
             clock: r.clock,
         })
@@ -258,11 +304,12 @@ impl TryFrom<pb::PullSparseRequest> for PullSparse {
     type Error = ValidationError;
 
     fn try_from(r: pb::PullSparseRequest) -> Result<Self, Self::Error> {
+        let ids = ids_from_pb(r.ids, r.fixed_ids)?;
         let held = Held {
             mask: r.held,
             digests: r.held_digests,
         };
-        held.check(r.ids.len())?;
+        held.check(ids.len())?;
         if r.also.len() > MAX_PULL_ALSO {
             return Err(ValidationError::new(
                 "also",
@@ -272,7 +319,7 @@ impl TryFrom<pb::PullSparseRequest> for PullSparse {
                 ),
             ));
         }
-        let n = r.ids.len();
+        let n = ids.len();
         let also = r
             .also
             .into_iter()
@@ -294,7 +341,7 @@ impl TryFrom<pb::PullSparseRequest> for PullSparse {
             .collect::<Result<_, ValidationError>>()?;
         Ok(Self {
             table: TableName::try_from(r.table).map_err(|e| e.within("table"))?,
-            ids: r.ids,
+            ids,
             accept: accept_from_pb(r.accept)?,
             map_epoch: r.map_epoch,
             held,
@@ -447,6 +494,53 @@ mod tests {
         ] {
             assert_eq!(field(with_also(also).unwrap_err()).0, want);
         }
+    }
+
+    #[test]
+    fn ids_go_as_words_where_that_is_shorter() {
+        let hashed: Vec<u64> = (1..=100u64).map(crate::hash::mix64).collect();
+        assert_eq!(ids_to_pb(hashed.clone()).fixed_ids, hashed);
+        let small: Vec<u64> = (0..100).collect();
+        assert_eq!(ids_to_pb(small.clone()).ids, small);
+        for ids in [hashed, small] {
+            let WireIds {
+                ids: varint,
+                fixed_ids: fixed,
+            } = ids_to_pb(ids.clone());
+            let push = PushSparse::try_from(pb::PushSparseRequest {
+                table: "emb".into(),
+                push_id: Some(pb::PushId {
+                    client_id: 1,
+                    seq: 1,
+                    min_unacked_seq: 0,
+                }),
+                ids: varint.clone(),
+                fixed_ids: fixed.clone(),
+                values: Some(Payload::from_f32(&vec![0.0; ids.len()]).into()),
+                ..Default::default()
+            })
+            .unwrap();
+            assert_eq!(push.ids, ids);
+            let pull = PullSparse::try_from(pb::PullSparseRequest {
+                table: "emb".into(),
+                ids: varint,
+                fixed_ids: fixed,
+                ..Default::default()
+            })
+            .unwrap();
+            assert_eq!(pull.ids, ids);
+        }
+        assert_eq!((0..=(1u64 << 7)).map(varint_len).max(), Some(2));
+        assert_eq!(varint_len(0), 1);
+        assert_eq!(varint_len(u64::MAX), 10);
+        // Both: refused, naming the field.
+        let both = PullSparse::try_from(pb::PullSparseRequest {
+            table: "emb".into(),
+            ids: vec![1],
+            fixed_ids: vec![2],
+            ..Default::default()
+        });
+        assert_eq!(both.unwrap_err().field, "fixed_ids");
     }
 
     #[test]

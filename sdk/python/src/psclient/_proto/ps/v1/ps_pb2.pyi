@@ -337,7 +337,7 @@ class PullDenseResponse(_message.Message):
     def __init__(self, slices: _Optional[_Iterable[_Union[DenseSlice, _Mapping]]] = ..., is_delta: _Optional[_Iterable[bool]] = ..., versions: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PushSparseRequest(_message.Message):
-    __slots__ = ("table", "push_id", "map_epoch", "ids", "values", "clock", "trace_context", "authorization")
+    __slots__ = ("table", "push_id", "map_epoch", "ids", "values", "clock", "trace_context", "authorization", "fixed_ids")
     class TraceContextEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -353,6 +353,7 @@ class PushSparseRequest(_message.Message):
     CLOCK_FIELD_NUMBER: _ClassVar[int]
     TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
     AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
+    FIXED_IDS_FIELD_NUMBER: _ClassVar[int]
     table: str
     push_id: PushId
     map_epoch: int
@@ -361,10 +362,11 @@ class PushSparseRequest(_message.Message):
     clock: int
     trace_context: _containers.ScalarMap[str, str]
     authorization: str
-    def __init__(self, table: _Optional[str] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., map_epoch: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Payload, _Mapping]] = ..., clock: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., authorization: _Optional[str] = ...) -> None: ...
+    fixed_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, table: _Optional[str] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., map_epoch: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Payload, _Mapping]] = ..., clock: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., authorization: _Optional[str] = ..., fixed_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PullSparseRequest(_message.Message):
-    __slots__ = ("table", "ids", "accept", "map_epoch", "held", "held_digests", "also")
+    __slots__ = ("table", "ids", "accept", "map_epoch", "held", "held_digests", "also", "fixed_ids")
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_FIELD_NUMBER: _ClassVar[int]
@@ -372,6 +374,7 @@ class PullSparseRequest(_message.Message):
     HELD_FIELD_NUMBER: _ClassVar[int]
     HELD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     ALSO_FIELD_NUMBER: _ClassVar[int]
+    FIXED_IDS_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     accept: Encoding
@@ -379,7 +382,8 @@ class PullSparseRequest(_message.Message):
     held: bytes
     held_digests: _containers.RepeatedScalarFieldContainer[int]
     also: _containers.RepeatedCompositeFieldContainer[PullSparseAlso]
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., accept: _Optional[_Union[Encoding, str]] = ..., map_epoch: _Optional[int] = ..., held: _Optional[bytes] = ..., held_digests: _Optional[_Iterable[int]] = ..., also: _Optional[_Iterable[_Union[PullSparseAlso, _Mapping]]] = ...) -> None: ...
+    fixed_ids: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., accept: _Optional[_Union[Encoding, str]] = ..., map_epoch: _Optional[int] = ..., held: _Optional[bytes] = ..., held_digests: _Optional[_Iterable[int]] = ..., also: _Optional[_Iterable[_Union[PullSparseAlso, _Mapping]]] = ..., fixed_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PullSparseAlso(_message.Message):
     __slots__ = ("table", "accept", "held", "held_digests")
