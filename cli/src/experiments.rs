@@ -665,8 +665,9 @@ async fn run_one(
 }
 
 /// Removes a finished run's shard data directories: the report reads only `final.json` and
-/// `eval.jsonl` (the model is in `model.safetensors`), and each shard holds a push log
-/// reserved whole on disk (1 GiB by default), so a suite's runs would otherwise fill it.
+/// `eval.jsonl` (the model is in `model.safetensors`), and each shard holds a push log and
+/// its body ring reserved whole on disk (1 GiB each by default), so a suite's runs would
+/// otherwise fill it.
 fn remove_shard_data(run: &Path) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(run).with_context(|| format!("listing {}", run.display()))? {
         let entry = entry?;

@@ -12,7 +12,7 @@ use std::mem::take;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use prost::Message;
 use ps_client::tls::WAKE_BYTES;
 use ps_core::ValidationError;
@@ -31,6 +31,7 @@ use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Request, Status};
 
+use crate::body_ring::{self, BodyRing};
 use crate::service::PsService;
 use crate::store::Store;
 
@@ -257,20 +258,30 @@ async fn call<S: Store>(
     match head.kind {
         bulk::PUSH_DENSE => {
             let checked = push_header(head, header, limits.max_request_bytes);
-            let push = match push_call(sock, head, limits, gate, PUSH_DENSE_PATH, checked).await? {
-                Ok(push) => push,
-                Err(refused) => return Ok(Err(refused)),
+            // A large body goes straight into the push log's body ring (`body_ring.rs`).
+            let ring = svc
+                .body_ring()
+                .filter(|_| head.body_len >= body_ring::MIN_BODY as u64);
+            let into = BodyDest {
+                ring: ring.as_ref(),
             };
+            let push =
+                match push_call(sock, head, limits, gate, PUSH_DENSE_PATH, checked, into).await? {
+                    Ok(push) => push,
+                    Err(refused) => return Ok(Err(refused)),
+                };
             let answer = svc.push_dense(push.req);
             let answer = trace::serve_bulk(PUSH_DENSE_PATH, &push.parent, answer).await;
             Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
         }
         bulk::PUSH_SPARSE => {
             let checked = sparse_push_header(head, header, limits.max_request_bytes);
-            let push = match push_call(sock, head, limits, gate, PUSH_SPARSE_PATH, checked).await? {
-                Ok(push) => push,
-                Err(refused) => return Ok(Err(refused)),
-            };
+            let into = BodyDest { ring: None };
+            let push =
+                match push_call(sock, head, limits, gate, PUSH_SPARSE_PATH, checked, into).await? {
+                    Ok(push) => push,
+                    Err(refused) => return Ok(Err(refused)),
+                };
             let answer = svc.push_sparse(push.req);
             let answer = trace::serve_bulk(PUSH_SPARSE_PATH, &push.parent, answer).await;
             Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
@@ -361,9 +372,17 @@ struct Push<'a, T> {
     _held: SemaphorePermit<'a>,
 }
 
+/// Where a push's body is read into: the body ring when one is given and has room, else
+/// memory.
+#[derive(Debug, Clone, Copy)]
+struct BodyDest<'r> {
+    ring: Option<&'r Arc<BodyRing>>,
+}
+
 /// Admits a push whose header was `checked` (credentials before the body is read or held),
-/// waits for its body's share of the budget and reads the body into it. A refusal has had its
-/// body read and dropped, so the stream stays in step. The outer error is the socket's.
+/// waits for its body's share of the budget and reads the body into it (`into`). A refusal has
+/// had its body read and dropped, so the stream stays in step. The outer error is the
+/// socket's.
 async fn push_call<'a, T: BulkPush>(
     sock: &mut Sock,
     head: Head,
@@ -371,6 +390,7 @@ async fn push_call<'a, T: BulkPush>(
     gate: &Gate,
     path: &str,
     checked: Result<T, Status>,
+    into: BodyDest<'_>,
 ) -> io::Result<Result<Push<'a, T>, Status>> {
     let timeout = limits.frame_timeout;
     let admitted = checked.and_then(|mut req| {
@@ -412,7 +432,20 @@ async fn push_call<'a, T: BulkPush>(
             )));
         }
     };
-    req.get_mut().fill(read_body(sock, len, timeout).await?);
+    let body = match into.ring.and_then(|ring| ring.reserve(len)) {
+        Some(mut reserved) => {
+            read_body(sock, &mut reserved.as_mut_slice(), len, timeout).await?;
+            crate::metrics::bulk_body(true);
+            reserved.into_bytes()
+        }
+        None => {
+            let mut buf = BytesMut::with_capacity(len);
+            read_body(sock, &mut buf, len, timeout).await?;
+            crate::metrics::bulk_body(false);
+            buf.freeze()
+        }
+    };
+    req.get_mut().fill(body);
     Ok(Ok(Push {
         req,
         parent,
@@ -532,15 +565,20 @@ fn bad_header(reason: String) -> Status {
 /// (`Conn::wake_after`), and asks for every byte again once the body is in. A sender too slow
 /// to bring that many within half of `timeout` is read byte by byte from then on, so that
 /// `timeout` still bounds the time without a byte, not without `WAKE_BYTES`.
-async fn read_body(sock: &mut Sock, len: usize, timeout: Duration) -> io::Result<Bytes> {
-    let mut buf = BytesMut::with_capacity(len);
+async fn read_body<B: BufMut>(
+    sock: &mut Sock,
+    buf: &mut B,
+    len: usize,
+    timeout: Duration,
+) -> io::Result<()> {
     let mut stall = Stall::new(timeout);
     let mut asked = 0;
     let mut slow = false;
+    let mut filled = 0;
     let read = async {
-        while buf.len() < len {
+        while filled < len {
             // Bytes the reader's buffer holds are read without waiting for the socket.
-            let want = (len - buf.len())
+            let want = (len - filled)
                 .saturating_sub(sock.buffer().len())
                 .min(WAKE_BYTES);
             if !slow && want > 0 && want != asked {
@@ -548,10 +586,10 @@ async fn read_body(sock: &mut Sock, len: usize, timeout: Duration) -> io::Result
                 asked = want;
             }
             let patience = if asked > 1 { timeout / 2 } else { timeout };
-            let mut rest = (&mut *sock).take((len - buf.len()) as u64);
+            let mut rest = (&mut *sock).take((len - filled) as u64);
             let read = tokio::select! {
                 biased;
-                read = rest.read_buf(&mut buf) => read?,
+                read = rest.read_buf(buf) => read?,
                 () = stall.quiet_for(patience) => {
                     if asked > 1 {
                         sock.get_ref().conn.wake_after(1);
@@ -564,6 +602,7 @@ async fn read_body(sock: &mut Sock, len: usize, timeout: Duration) -> io::Result
             if read == 0 {
                 return Err(io::ErrorKind::UnexpectedEof.into());
             }
+            filled += read;
             stall.progress();
         }
         Ok(())
@@ -572,7 +611,7 @@ async fn read_body(sock: &mut Sock, len: usize, timeout: Duration) -> io::Result
     if asked > 1 {
         sock.get_ref().conn.wake_after(1);
     }
-    result.map(|()| buf.freeze())
+    result
 }
 
 /// Whether a call has gone `timeout` without a byte arriving, with one timer per `timeout`

@@ -214,9 +214,14 @@ pub fn remove_stale_generations(data_dir: &Path) -> anyhow::Result<()> {
     for e in entries {
         let p = e?.path();
         let name = p.file_name().and_then(|n| n.to_str()).unwrap_or_default();
-        // The first generation is `db`, with its push log beside it.
-        let is_gen = name.starts_with("gen-") || name == "db" || name == "db.dense-log";
-        if is_gen && !live.starts_with(&p) && p != crate::push_log::path_for(&live) {
+        // The first generation is `db`, with its push log and body ring beside it.
+        let is_gen = name.starts_with("gen-")
+            || name == "db"
+            || name == "db.dense-log"
+            || name == "db.dense-bodies";
+        let live_log = crate::push_log::path_for(&live);
+        let live_ring = crate::body_ring::path_for(&live_log);
+        if is_gen && !live.starts_with(&p) && p != live_log && p != live_ring {
             tracing::info!(path = %p.display(), "removing a replaced database generation");
             if p.is_dir() {
                 fs::remove_dir_all(&p)?;

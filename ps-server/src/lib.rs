@@ -6,6 +6,7 @@
 
 #![cfg_attr(not(test), warn(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod body_ring;
 pub mod bulk;
 pub mod checkpoint;
 pub mod config;
@@ -166,6 +167,11 @@ async fn serve<S: Store>(
         max_queued_bytes: cfg.max_queued_bytes,
         pull_replica_bytes: cfg.pull_replica_bytes,
         dense_log_bytes: cfg.rocksdb.dense_log_mib << 20,
+        dense_body_bytes: cfg
+            .rocksdb
+            .dense_body_mib
+            .unwrap_or(cfg.rocksdb.dense_log_mib)
+            << 20,
         relog_rows: cfg.rocksdb.relog_rows,
         sync: cfg.rocksdb.sync,
         map_epoch,

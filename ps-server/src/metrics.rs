@@ -12,6 +12,11 @@ pub fn describe() {
     );
     describe_counter!("ps_push_values_total", "Gradient values applied, by table.");
     describe_counter!(
+        "ps_bulk_push_bodies_total",
+        "Push bodies read from the bulk stream, by where they went: into the push log's body \
+         ring (received once, logged in place) or into memory (copied into the log)."
+    );
+    describe_counter!(
         "ps_sparse_rows_total",
         "Sparse rows stored (outcome admitted), and pushes of an id not yet stored held back by admission (outcome held_back), by table."
     );
@@ -248,6 +253,12 @@ pub fn rows_relogged(rows: usize, bytes: u64) {
 pub fn rows_state(dirty: u64, pending: u64) {
     gauge!("ps_sparse_rows_dirty").set(dirty as f64);
     gauge!("ps_sparse_rows_pending").set(pending as f64);
+}
+
+/// A push body read from the bulk stream: into the push log's body ring, or into memory.
+pub fn bulk_body(into_ring: bool) {
+    let into = if into_ring { "ring" } else { "memory" };
+    counter!("ps_bulk_push_bodies_total", "into" => into).increment(1);
 }
 
 pub fn bulk_connection() {

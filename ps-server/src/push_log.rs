@@ -38,9 +38,12 @@ use std::fs::{File, OpenOptions};
 use std::io::IoSlice;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use ps_core::PushId;
+
+use crate::body_ring::BodyRing;
 
 /// The push log's errors.
 #[derive(Debug, thiserror::Error)]
@@ -71,6 +74,11 @@ const CELL: usize = 24;
 const NEW_ROW: u32 = 1 << 31;
 /// A row image's entry: table id u32, bytes u32, row id u64.
 const ROW: usize = 16;
+/// Set in a dense chunk's value count: the record holds, instead of the values, where they
+/// are in the body ring (`body_ring.rs`) and their CRC-32.
+const IN_RING: u32 = 1 << 30;
+/// A chunk's place in the body ring: position u64, CRC-32 u32.
+const RING_REF: usize = 12;
 
 /// What a record holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -136,6 +144,10 @@ pub struct PushLog {
     entry_at: Option<usize>,
     /// What the record being built holds.
     kind: Kind,
+    /// Where large dense pushes' bodies are received (`body_ring.rs`), when this log has one.
+    bodies: Option<Arc<BodyRing>>,
+    /// The first ring position the record being built points at.
+    ring_first: Option<u64>,
 }
 
 /// One push of a replayed record.
@@ -154,9 +166,10 @@ pub struct LoggedChunk<'a> {
     pub index: u64,
     /// A sparse row the push stored (it was new).
     pub new: bool,
-    /// The gradient, as little-endian f32 bytes.
+    /// The gradient, as little-endian f32 bytes. Empty for a chunk whose values are in the
+    /// body ring, in a record before the position replay was asked to read bodies from.
     pub data: &'a [u8],
-    /// Where the gradient starts in the log file.
+    /// Where the gradient starts in the log file (in the body ring, for a chunk held there).
     pub offset: u64,
 }
 
@@ -237,7 +250,20 @@ impl PushLog {
             entries: 0,
             entry_at: None,
             kind: Kind::Pushes,
+            bodies: None,
+            ring_first: None,
         })
+    }
+
+    /// Gives the log the ring its large dense pushes' bodies are received into: their
+    /// records point there instead of holding the values.
+    pub fn set_bodies(&mut self, ring: Option<Arc<BodyRing>>) {
+        self.bodies = ring;
+    }
+
+    /// The ring large dense pushes' bodies are received into, if any.
+    pub fn bodies(&self) -> Option<&Arc<BodyRing>> {
+        self.bodies.as_ref()
     }
 
     /// Empties the log (for a new database, which must not read a stranger's records).
@@ -247,6 +273,9 @@ impl PushLog {
         self.head = 0;
         self.dense_tail = 0;
         self.rows_tail = 0;
+        if let Some(ring) = &self.bodies {
+            ring.clear_references();
+        }
         Ok(())
     }
 
@@ -318,6 +347,9 @@ impl PushLog {
     /// everything before `pos`.
     pub fn set_dense_tail(&mut self, pos: u64) {
         self.dense_tail = pos;
+        if let Some(ring) = &self.bodies {
+            ring.release_before(pos);
+        }
     }
 
     /// Records that the sparse rows as stored cover every entry before `pos`.
@@ -336,6 +368,7 @@ impl PushLog {
         self.entries = 0;
         self.entry_at = None;
         self.kind = Kind::Pushes;
+        self.ring_first = None;
     }
 
     /// Starts an image of about `len` bytes ([`PushLog::image_len`]).
@@ -402,11 +435,25 @@ impl PushLog {
     }
 
     /// [`PushLog::chunk`] without the copy: the record holds `grad` (a push's received
-    /// bytes, which never change) and writes it from where it is at [`PushLog::commit`].
+    /// bytes, which never change) and writes it from where it is at [`PushLog::commit`]; or,
+    /// when those bytes were received into the body ring, where they are there and their
+    /// CRC-32, so that they are not written again.
     pub fn chunk_shared(&mut self, index: u64, grad: &Bytes) {
-        if self.chunk_head(index, grad.len()) {
-            self.shared.push((self.buf.len(), grad.clone()));
+        let in_ring = self.bodies.as_ref().and_then(|ring| ring.locate(grad));
+        if !self.chunk_head(index, grad.len()) {
+            return;
         }
+        let Some(pos) = in_ring else {
+            self.shared.push((self.buf.len(), grad.clone()));
+            return;
+        };
+        let at = self.buf.len() - 4;
+        let values = u32_at(&self.buf, at) | IN_RING;
+        self.buf[at..at + 4].copy_from_slice(&values.to_le_bytes());
+        self.buf.extend_from_slice(&pos.to_le_bytes());
+        self.buf
+            .extend_from_slice(&crc32fast::hash(grad).to_le_bytes());
+        self.ring_first = Some(self.ring_first.map_or(pos, |f| f.min(pos)));
     }
 
     /// A chunk's index and value count in the current push's entry; false outside one.
@@ -513,8 +560,18 @@ impl PushLog {
             crc.update(if i == 0 { &part[8..] } else { part });
         }
         self.buf[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
+        let ring = self.bodies.as_ref().filter(|_| self.ring_first.is_some());
+        if let Some(ring) = ring
+            && self.sync
+        {
+            // The bodies it points at are durable before the record is.
+            ring.sync()?;
+        }
         write_parts_at(&self.file, &self.parts(), pos % self.capacity)?;
         self.shared.clear();
+        if let (Some(ring), Some(first)) = (ring, self.ring_first.take()) {
+            ring.referenced(pos, first);
+        }
         if self.sync {
             self.file.sync_data()?;
         }
@@ -530,12 +587,31 @@ impl PushLog {
         from: u64,
         visit: &mut dyn FnMut(u64, Logged<'_>) -> Result<(), E>,
     ) -> Result<u64, E> {
+        self.replay_from(from, from, visit)
+    }
+
+    /// [`PushLog::replay`], reading the values a record holds in the body ring only for
+    /// records from `bodies_from` on (the dense cells' stored position: the records before it
+    /// are not applied, and the ring may have reused their bodies' place); those records hold
+    /// their bodies in the ring again. A body that fails its CRC-32 ends the log as a torn
+    /// record does: without `sync`, a crash of the machine may keep a record and lose the
+    /// body it points at.
+    pub fn replay_from<E: From<PushLogError>>(
+        &mut self,
+        from: u64,
+        bodies_from: u64,
+        visit: &mut dyn FnMut(u64, Logged<'_>) -> Result<(), E>,
+    ) -> Result<u64, E> {
         self.dense_tail = from;
         self.rows_tail = from;
         self.head = from;
+        if let Some(ring) = &self.bodies {
+            ring.clear_references();
+        }
         let mut records = 0;
         let mut header = [0u8; HEADER];
         let mut body = Vec::new();
+        let mut bodies = Vec::new();
         loop {
             let mut pos = self.head;
             let mut found = self.read_header(pos, &mut header)?;
@@ -558,9 +634,22 @@ impl PushLog {
                 break; // a torn record: the process died while writing it
             }
             let base = pos % self.capacity;
+            let read_bodies = kind == Kind::Pushes && pos >= bodies_from;
+            if read_bodies && !self.read_bodies(pos, &body, &mut bodies)? {
+                tracing::warn!(
+                    path = %self.path.display(),
+                    position = pos,
+                    "a push-log record points at a body the ring does not hold (a machine \
+                     crash without sync keeps one file's pages and not the other's); the log \
+                     ends before it"
+                );
+                break;
+            }
             let logged = match kind {
                 Kind::Image => parse_image(&body).map(Logged::Image),
-                Kind::Pushes => parse(&body, base).map(Logged::Pushes),
+                Kind::Pushes => {
+                    parse(&body, base, read_bodies.then_some(&bodies[..])).map(Logged::Pushes)
+                }
                 Kind::Rows => parse_rows(&body, base).map(Logged::Rows),
             };
             let Some(logged) = logged else {
@@ -576,6 +665,41 @@ impl PushLog {
             self.head = pos + len;
         }
         Ok(records)
+    }
+
+    /// Reads the bodies a record of pushes at `pos` points at in the ring into `out`, one
+    /// after another in the record's order, and holds them in the ring; false when one fails
+    /// its CRC-32 (or the log has no ring to read them from).
+    fn read_bodies(
+        &self,
+        pos: u64,
+        record: &[u8],
+        out: &mut Vec<u8>,
+    ) -> Result<bool, PushLogError> {
+        out.clear();
+        let Some(refs) = ring_refs(record) else {
+            return Ok(true); // does not parse: the caller says so
+        };
+        if refs.is_empty() {
+            return Ok(true);
+        }
+        let Some(ring) = &self.bodies else {
+            return Ok(false);
+        };
+        let (mut first, mut end) = (u64::MAX, 0);
+        for (at, len, crc) in refs {
+            let start = out.len();
+            out.resize(start + len, 0);
+            ring.read_at(at, &mut out[start..])?;
+            if crc32fast::hash(&out[start..]) != crc {
+                return Ok(false);
+            }
+            first = first.min(at);
+            end = end.max(at + len as u64);
+        }
+        ring.referenced(pos, first);
+        ring.advance_head(end);
+        Ok(true)
     }
 
     /// The length of the record at `pos` and what it holds, if a plausible header for that
@@ -646,10 +770,12 @@ fn reserve(file: &File, len: u64) -> std::io::Result<()> {
 }
 
 /// The pushes of one record written at file offset `base`, or `None` when its entries overrun
-/// it.
-fn parse(body: &[u8], base: u64) -> Option<Vec<LoggedPush<'_>>> {
+/// it. `bodies`: the values the record holds in the body ring, one chunk after another
+/// ([`PushLog::read_bodies`]); without them such chunks have no data.
+fn parse<'a>(body: &'a [u8], base: u64, bodies: Option<&'a [u8]>) -> Option<Vec<LoggedPush<'a>>> {
     let entries = u32_at(body, 20) as usize;
     let mut at = HEADER;
+    let mut in_ring = 0;
     let mut out = Vec::with_capacity(entries);
     for _ in 0..entries {
         let e = body.get(at..at + ENTRY)?;
@@ -665,6 +791,21 @@ fn parse(body: &[u8], base: u64) -> Option<Vec<LoggedPush<'_>>> {
             let c = body.get(at..at + CHUNK)?;
             at += CHUNK;
             let values = u32_at(c, 8);
+            if values & IN_RING != 0 {
+                let r = body.get(at..at + RING_REF)?;
+                at += RING_REF;
+                let data = match bodies {
+                    Some(b) => take_f32s(b, &mut in_ring, values & !IN_RING)?,
+                    None => &[],
+                };
+                list.push(LoggedChunk {
+                    index: u64_at(c, 0),
+                    new: false,
+                    data,
+                    offset: u64_at(r, 0),
+                });
+                continue;
+            }
             let start = base + at as u64;
             list.push(LoggedChunk {
                 index: u64_at(c, 0),
@@ -680,6 +821,30 @@ fn parse(body: &[u8], base: u64) -> Option<Vec<LoggedPush<'_>>> {
         });
     }
     (at == body.len()).then_some(out)
+}
+
+/// The chunks a record of pushes holds in the body ring, in its order: (ring position, bytes,
+/// CRC-32); `None` when its entries overrun it.
+fn ring_refs(body: &[u8]) -> Option<Vec<(u64, usize, u32)>> {
+    let entries = u32_at(body, 20) as usize;
+    let mut at = HEADER;
+    let mut out = Vec::new();
+    for _ in 0..entries {
+        let chunks = u32_at(body.get(at..at + ENTRY)?, 4) as usize;
+        at += ENTRY;
+        for _ in 0..chunks {
+            let values = u32_at(body.get(at..at + CHUNK)?, 8);
+            at += CHUNK;
+            if values & IN_RING != 0 {
+                let r = body.get(at..at + RING_REF)?;
+                out.push((u64_at(r, 0), (values & !IN_RING) as usize * 4, u32_at(r, 8)));
+                at += RING_REF;
+            } else {
+                at = at.checked_add((values & !NEW_ROW) as usize * 4)?;
+            }
+        }
+    }
+    Some(out)
 }
 
 /// The bytes of `values` f32s at `*at`, moving `*at` past them; `None` past the end.
@@ -839,6 +1004,115 @@ mod tests {
         let end = write(&mut log, 11, 100) % 4096 + 468;
         log.file.write_all_at(&[0xAB; 4], end - 4).unwrap();
         assert_eq!(seqs(&mut open(dir.path(), 4096), snap), vec![9, 10]);
+    }
+
+    /// A log with a body ring, and a body of `values` copies of `v` received into it.
+    fn ring_body(log: &PushLog, values: usize, v: f32) -> Bytes {
+        let ring = log.bodies().unwrap();
+        let mut r = ring.reserve(values * 4).unwrap();
+        for (d, s) in r
+            .as_mut_slice()
+            .chunks_exact_mut(4)
+            .zip(std::iter::repeat(v.to_le_bytes()))
+        {
+            d.copy_from_slice(&s);
+        }
+        r.into_bytes()
+    }
+
+    fn open_with_ring(dir: &Path, capacity: u64) -> PushLog {
+        let mut log = open(dir, capacity);
+        let ring = BodyRing::open(&dir.join("log"), capacity).unwrap();
+        assert!(ring.is_some(), "the test's file system preallocates");
+        log.set_bodies(ring);
+        log
+    }
+
+    #[test]
+    fn chunks_received_into_the_body_ring_are_logged_where_they_are_and_replayed_from_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open_with_ring(dir.path(), 1 << 20);
+        // Push 1: a ring body in two chunks and a chunk from memory; push 2: a ring body.
+        let one = ring_body(&log, 2048, 1.0);
+        let two = ring_body(&log, 1024, 2.0);
+        let mem = Bytes::copy_from_slice(bytemuck::cast_slice(&[1.0f32; 100]));
+        let first = log.head();
+        log.begin(PushLog::record_len(2, 4, one.len() + two.len() + mem.len()));
+        log.push(3, &id(1));
+        log.chunk_shared(1, &one.slice(..4096));
+        log.chunk_shared(1, &one.slice(4096..));
+        log.chunk_shared(1, &mem);
+        log.push(3, &id(2));
+        log.chunk_shared(2, &two);
+        let len = log.commit().unwrap();
+        // Only the chunk from memory is in the record: the others are 12-byte references.
+        assert_eq!(len, PushLog::record_len(2, 4, 400) + 3 * RING_REF as u64);
+        let ring = Arc::clone(log.bodies().unwrap());
+        drop((one, two));
+        assert!(ring.held_by_records() > 0, "the record holds its bodies");
+        // Replayed (by a new process) as if the record held the values.
+        let mut reopened = open_with_ring(dir.path(), 1 << 20);
+        assert_eq!(seqs(&mut reopened, first), vec![1, 2]);
+        let sizes = |log: &mut PushLog, from: u64, bodies_from: u64| {
+            let mut sizes = Vec::new();
+            log.replay_from(
+                from,
+                bodies_from,
+                &mut |_, logged| -> Result<(), PushLogError> {
+                    if let Logged::Pushes(p) = logged {
+                        sizes.extend(p.iter().flat_map(|p| p.chunks.iter().map(|c| c.data.len())));
+                    }
+                    Ok(())
+                },
+            )
+            .unwrap();
+            sizes
+        };
+        assert_eq!(
+            sizes(&mut reopened, first, first),
+            vec![4096, 4096, 400, 4096]
+        );
+        let reheld = Arc::clone(reopened.bodies().unwrap());
+        assert!(
+            reheld.held_by_records() > 0,
+            "replay holds the bodies again"
+        );
+        // Before the dense cells' stored position the ring's chunks are not read (their place
+        // may have been reused); the record's own values still are.
+        assert_eq!(sizes(&mut reopened, first, first + 1), vec![0, 0, 400, 0]);
+        assert_eq!(reheld.held_by_records(), 0);
+        // Once an image or a snapshot passes the record, its bodies' place is free.
+        log.set_dense_tail(log.head());
+        assert_eq!(ring.held_by_records(), 0);
+
+        // A body that does not hold what the record says ends the log, as a torn record does.
+        let three = ring_body(&log, 1024, 3.0);
+        let at = ring.locate(&three).unwrap();
+        let second = log.head();
+        log.begin(PushLog::record_len(1, 1, three.len()));
+        log.push(3, &id(3));
+        log.chunk_shared(3, &three);
+        log.commit().unwrap();
+        write(&mut log, 4, 10);
+        assert_eq!(
+            seqs(&mut open_with_ring(dir.path(), 1 << 20), second),
+            vec![3, 4]
+        );
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(crate::body_ring::path_for(&dir.path().join("log")))
+            .unwrap()
+            .write_all_at(&[0xAB; 4], at % (1 << 20) + 8)
+            .unwrap();
+        assert_eq!(
+            seqs(&mut open_with_ring(dir.path(), 1 << 20), second),
+            Vec::<u64>::new()
+        );
+        // Without a ring to read from, such a record ends the log too.
+        assert_eq!(
+            seqs(&mut open(dir.path(), 1 << 20), second),
+            Vec::<u64>::new()
+        );
     }
 
     #[test]

@@ -52,6 +52,12 @@ impl<S: Store> PsService<S> {
         self
     }
 
+    /// The ring the bulk stream receives large dense pushes' bodies into, when the shard's
+    /// engine has one now (it may be replaced by a restore).
+    pub fn body_ring(&self) -> Option<Arc<crate::body_ring::BodyRing>> {
+        self.shard.engine().body_ring().cloned()
+    }
+
     /// Counts a call answered on the bulk stream.
     pub(crate) fn bulk_call(&self) {
         self.bulk_calls.fetch_add(1, Ordering::Relaxed);

@@ -134,6 +134,15 @@ pub struct RocksOptions {
     /// 512 MiB, 1.4 M at 1 GiB), and a restart reads more of it (0.4-0.5 s, 0.6-0.7 s). 0
     /// writes every update into RocksDB instead.
     pub dense_log_mib: u64,
+    /// Size of the push bodies' ring beside the push log (`<db>.dense-bodies`), in MiB; unset:
+    /// as large as the push log. The bodies of dense pushes of 64 KiB or more that come by the
+    /// bulk stream are received straight into it, and the log's records point at them there
+    /// instead of holding a second copy of the values (`body_ring.rs`): at 1 M floats a
+    /// durable shard's goodput rises to about its in-memory figure (README, *Performance*).
+    /// When it is three quarters held, an image of the dense cells frees it, so it sets how
+    /// often images are written as the log's size did. 0: no ring, every body is copied into
+    /// the log.
+    pub dense_body_mib: Option<u64>,
     /// RocksDB's block cache, for the sparse rows read past the shard's own row cache.
     pub block_cache_mib: usize,
     /// Level-0 files that start a compaction into level 1 (writes slow down at twice as many
@@ -166,6 +175,7 @@ impl Default for RocksOptions {
             background_jobs: 2,
             recycle_wal_files: 4,
             dense_log_mib: 1024,
+            dense_body_mib: None,
             block_cache_mib: 64,
             level0_compaction_trigger: 16,
             level_base_mib: 1024,

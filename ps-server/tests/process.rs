@@ -491,6 +491,97 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
     server.svc.kill();
 }
 
+/// Dense pushes of random values (which lz4 cannot shrink, so they take the bulk stream) are
+/// received into the push log's body ring and logged where they are: after kill -9 the shard
+/// replays them from the ring bit for bit, through a ring that wrapped and images that freed
+/// it, and still knows their push ids; a push refused for a NaN changes nothing and frees its
+/// place in the ring.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_replays_pushes_received_into_the_body_ring_exactly_once() {
+    ring_pushes_survive_kill_9(false).await;
+}
+
+/// The same with `--sync`: the ring's bodies are made durable before the records that point
+/// at them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_replays_ring_pushes_in_sync_mode() {
+    ring_pushes_survive_kill_9(true).await;
+}
+
+async fn ring_pushes_survive_kill_9(sync: bool) {
+    use rand::{Rng, SeedableRng};
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("ps.toml");
+    // An 8 MiB ring beside an 8 MiB log: 40 bodies of 400 KB wrap it twice.
+    std::fs::write(&config, "[rocksdb]\ndense_log_mib = 8\n").unwrap();
+    let data = dir.path().join("data");
+    let mut args = vec!["--config", config.to_str().unwrap()];
+    if sync {
+        args.push("--sync");
+    }
+    let mut server = spawn(&data, "127.0.0.1:0", &args).await;
+    let ps = PsClient::connect(client_config(&server.addr))
+        .await
+        .unwrap();
+    let n = 100_000;
+    ps.create_table(
+        TableSpec::dense("w", &[n as u64])
+            .unwrap()
+            .with_optimizer(Optimizer::adam(0.01))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(11);
+    let mut grad = || -> Vec<f32> { (0..n).map(|_| rng.random_range(-1.0..1.0)).collect() };
+    let pushes = if sync { 12 } else { 40 };
+    for _ in 0..pushes {
+        ps.push_dense("w", &grad()).await.unwrap();
+    }
+    let into_ring = "ps_bulk_push_bodies_total{into=\"ring\"}";
+    assert_eq!(metric(&server, into_ring).await, pushes as f64);
+    let acked = ps.pull_dense("w").await.unwrap();
+    // A NaN is refused (by the shard, its body read into the ring first) and changes nothing.
+    let mut bad = grad();
+    bad[n / 2] = f32::NAN;
+    assert!(ps.push_dense("w", &bad).await.is_err());
+    assert_eq!(ps.pull_dense("w").await.unwrap(), acked);
+    if !sync {
+        let log = std::fs::read(data.join("db.dense-log")).unwrap();
+        assert!(
+            log.windows(4).any(|w| w == b"PSDI"),
+            "the ring's pressure wrote an image of the cells"
+        );
+    }
+    server.svc.kill();
+    // Restarted twice: the second time after 3 more pushes, which go into the ring after the
+    // bodies the replay holds there.
+    let port = server.addr.rsplit(':').next().unwrap().to_owned();
+    let mut acked = acked;
+    for round in 0..2 {
+        let mut server = spawn(&data, &format!("127.0.0.1:{port}"), &args).await;
+        let ps = PsClient::connect(client_config(&server.addr))
+            .await
+            .unwrap();
+        let replayed = ps.pull_dense("w").await.unwrap();
+        assert!(
+            replayed
+                .iter()
+                .zip(&acked)
+                .all(|(a, b)| a.to_bits() == b.to_bits()),
+            "replay {round}: the parameters differ from the acknowledged ones"
+        );
+        if round == 0 {
+            for _ in 0..3 {
+                ps.push_dense("w", &grad()).await.unwrap();
+            }
+            assert_eq!(metric(&server, into_ring).await, 3.0);
+            acked = ps.pull_dense("w").await.unwrap();
+        }
+        server.svc.kill();
+    }
+}
+
 /// Optimizer state of sparse rows (Adagrad's accumulators, Adam's moments and step, FTRL's
 /// z and n, momentum's velocity) survives kill -9: the pushes after the restart continue from
 /// it exactly as one uninterrupted run would, computed here with the shards' own update rule.

@@ -158,6 +158,18 @@ impl<S: Store> Inner<S> {
                 }
             }
         }
+        // The body ring is freed only as the dense cells' stored position moves past the
+        // records that point into it: once they hold three quarters of it, an image (or, when
+        // the cells are too many for one, a snapshot) moves it.
+        if let Some(ring) = log.bodies()
+            && ring.held_by_records() > ring.capacity() / 4 * 3
+        {
+            if room > 0 && log.fits(len + room) {
+                self.write_image(log, image)?;
+            } else {
+                self.snapshot(log)?;
+            }
+        }
         Ok(Some(len))
     }
 }

@@ -71,6 +71,7 @@ pub use routing::MapEpoch;
 pub use shard::{Checkpointed, Reopen, Restored, Shard};
 pub use table::Table;
 
+use crate::body_ring::BodyRing;
 use crate::push_log::{PushLog, PushLogOptions};
 use crate::store::{Store, StoreError};
 use dedup::Dedup;
@@ -96,6 +97,9 @@ pub struct EngineConfig {
     /// Size of the dense-gradient log beside a durable store's database; 0 writes dense
     /// updates into the store instead.
     pub dense_log_bytes: u64,
+    /// Size of the ring large dense pushes' bodies are received into, beside the push log
+    /// (`body_ring.rs`); 0: none.
+    pub dense_body_bytes: u64,
     /// Hot sparse rows are relogged rather than written back when the log needs their room
     /// (`writeback.rs`).
     pub relog_rows: bool,
@@ -193,6 +197,8 @@ struct Inner<S: Store> {
     replica_bytes: AtomicU64,
     /// The dense-gradient log (durable stores only); used by the writer alone.
     log: Mutex<Option<PushLog>>,
+    /// The ring the bulk stream receives large dense pushes' bodies into (the log's too).
+    bodies: Option<Arc<BodyRing>>,
     /// Bytes of a push-log image of every dense cell ([`PushLog::image_len`]).
     image_len: AtomicU64,
     /// Bytes the loaded tables' cells take ([`Table::memory_bytes`] summed), within
@@ -263,12 +269,21 @@ impl<S: Store> Engine<S> {
     /// Loads the shard's state from `store` into the hot layer and starts the writer thread.
     pub fn open(store: S, cfg: EngineConfig) -> Result<Self> {
         let partitioner = Partitioner::new(cfg.num_shards, cfg.virtual_nodes);
-        let log = match store.location() {
+        let mut log = match store.location() {
             Some(db) if cfg.dense_log_bytes > 0 => Some(PushLog::open(&PushLogOptions {
                 path: crate::push_log::path_for(db),
                 capacity: cfg.dense_log_bytes,
                 sync: cfg.sync,
             })?),
+            _ => None,
+        };
+        let bodies = match (&mut log, store.location()) {
+            (Some(log), Some(db)) if cfg.dense_body_bytes > 0 => {
+                let ring = BodyRing::open(&crate::push_log::path_for(db), cfg.dense_body_bytes)
+                    .map_err(StoreError::Io)?;
+                log.set_bodies(ring.clone());
+                ring
+            }
             _ => None,
         };
         let inner = Arc::new(Inner {
@@ -282,6 +297,7 @@ impl<S: Store> Engine<S> {
             replicas: DashMap::default(),
             replica_bytes: AtomicU64::new(0),
             log: Mutex::new(log),
+            bodies,
             image_len: AtomicU64::new(0),
             memory_used: AtomicU64::new(0),
             unloaded: RwLock::new(HashMap::new()),
@@ -333,6 +349,12 @@ impl<S: Store> Engine<S> {
 
     pub fn durable(&self) -> bool {
         self.inner.store.durable()
+    }
+
+    /// The ring a dense push's body of at least [`crate::body_ring::MIN_BODY`] bytes is
+    /// received into, when the shard has one (durable, with a push log).
+    pub fn body_ring(&self) -> Option<&Arc<BodyRing>> {
+        self.inner.bodies.as_ref()
     }
 
     /// The table named `name`; `not_found`, or the reason it was not loaded.

@@ -254,7 +254,7 @@ impl<S: Store> Inner<S> {
         let from = dense_from.min(rows_from);
         // Sparse updates are indexed, not applied: the rows they touch are read on first use.
         self.pending.set_file(log.reader()?);
-        let records = log.replay(from, &mut |pos, logged| -> Result<()> {
+        let records = log.replay_from(from, dense_from, &mut |pos, logged| -> Result<()> {
             let pushes = match logged {
                 Logged::Pushes(pushes) => pushes,
                 Logged::Rows(_) if pos < rows_from => return Ok(()),
