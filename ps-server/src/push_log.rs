@@ -148,6 +148,10 @@ pub struct PushLog {
     bodies: Option<Arc<BodyRing>>,
     /// The first ring position the record being built points at.
     ring_first: Option<u64>,
+    /// The chunks the record being built holds in the ring, each with the offset in `buf` of
+    /// its CRC-32, computed at [`PushLog::commit`] (outside the cell's lock, as the record's
+    /// own checksum is).
+    in_ring: Vec<(usize, Bytes)>,
 }
 
 /// One push of a replayed record.
@@ -252,6 +256,7 @@ impl PushLog {
             kind: Kind::Pushes,
             bodies: None,
             ring_first: None,
+            in_ring: Vec::new(),
         })
     }
 
@@ -369,6 +374,7 @@ impl PushLog {
         self.entry_at = None;
         self.kind = Kind::Pushes;
         self.ring_first = None;
+        self.in_ring.clear();
     }
 
     /// Starts an image of about `len` bytes ([`PushLog::image_len`]).
@@ -451,8 +457,8 @@ impl PushLog {
         let values = u32_at(&self.buf, at) | IN_RING;
         self.buf[at..at + 4].copy_from_slice(&values.to_le_bytes());
         self.buf.extend_from_slice(&pos.to_le_bytes());
-        self.buf
-            .extend_from_slice(&crc32fast::hash(grad).to_le_bytes());
+        self.in_ring.push((self.buf.len(), grad.clone()));
+        self.buf.extend_from_slice(&[0; 4]);
         self.ring_first = Some(self.ring_first.map_or(pos, |f| f.min(pos)));
     }
 
@@ -554,6 +560,9 @@ impl PushLog {
         self.buf[8..16].copy_from_slice(&pos.to_le_bytes());
         self.buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
         self.buf[20..24].copy_from_slice(&entries.to_le_bytes());
+        for (at, grad) in self.in_ring.drain(..) {
+            self.buf[at..at + 4].copy_from_slice(&crc32fast::hash(&grad).to_le_bytes());
+        }
         let mut crc = crc32fast::Hasher::new();
         for (i, part) in self.parts().into_iter().enumerate() {
             // Everything after the magic and the checksum itself.
