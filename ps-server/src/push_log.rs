@@ -24,10 +24,12 @@
 //! state and step count), written when the log runs out of room and the image fits in it. The
 //! dense position then names the image, which frees the log behind it for a fraction of the
 //! cost of writing the cells through RocksDB (WAL, memtable, flush and compaction). Replay sets
-//! the cells from an image wherever it meets one. Records of *rows* do the same for hot sparse
-//! rows: each entry is one row in its stored form (table id, byte count, row id, then
-//! parameters, step, optimizer state and stamp), written instead of writing the row back into
-//! RocksDB when the log needs the room its older updates take (`engine/writeback.rs`).
+//! the cells from an image wherever it meets one. An image goes into the file cell by cell,
+//! from the cells themselves, its header last: it is never gathered in memory. Records of
+//! *rows* do the same for hot sparse rows: each entry is one row in its stored form (table id,
+//! byte count, row id, then parameters, step, optimizer state and stamp), written instead of
+//! writing the row back into RocksDB when the log needs the room its older updates take
+//! (`engine/writeback.rs`).
 //! Checkpoints and a clean stop still write the cells and the dirty rows into RocksDB, so that
 //! a checkpoint needs nothing but the store.
 //!
@@ -152,6 +154,13 @@ pub struct PushLog {
     /// its CRC-32, computed at [`PushLog::commit`] (outside the cell's lock, as the record's
     /// own checksum is).
     in_ring: Vec<(usize, Bytes)>,
+    /// An image is written into the file cell by cell, straight from the cells, as
+    /// [`PushLog::image_cell`] is given them (it is as large as every dense cell together,
+    /// so it is never gathered in `buf`): the room it began with, the bytes written after its
+    /// header and their CRC-32, combined with the header's at [`PushLog::commit`].
+    image_room: u64,
+    image_written: u64,
+    image_crc: crc32fast::Hasher,
 }
 
 /// One push of a replayed record.
@@ -257,6 +266,9 @@ impl PushLog {
             bodies: None,
             ring_first: None,
             in_ring: Vec::new(),
+            image_room: 0,
+            image_written: 0,
+            image_crc: crc32fast::Hasher::new(),
         })
     }
 
@@ -365,22 +377,31 @@ impl PushLog {
     /// Starts a record of at most `len` bytes ([`PushLog::record_len`]); its position is fixed
     /// now ([`PushLog::position`]), so the record may turn out shorter, never longer.
     pub fn begin(&mut self, len: u64) {
+        self.start(len, Kind::Pushes);
+        self.buf.reserve(usize::try_from(len).unwrap_or(0));
+    }
+
+    /// Places a record of at most `len` bytes holding `kind` and empties what the last one
+    /// left; `buf` holds the header only.
+    fn start(&mut self, len: u64, kind: Kind) {
         self.at = self.place(len);
         self.buf.clear();
-        self.buf.reserve(usize::try_from(len).unwrap_or(0));
         self.buf.resize(HEADER, 0);
         self.shared.clear();
         self.entries = 0;
         self.entry_at = None;
-        self.kind = Kind::Pushes;
+        self.kind = kind;
         self.ring_first = None;
         self.in_ring.clear();
+        self.image_written = 0;
     }
 
-    /// Starts an image of about `len` bytes ([`PushLog::image_len`]).
+    /// Starts an image of at most `len` bytes ([`PushLog::image_len`]); its cells go straight
+    /// into the file ([`PushLog::image_cell`]), so nothing of its size is allocated.
     pub fn begin_image(&mut self, len: u64) {
-        self.begin(len);
-        self.kind = Kind::Image;
+        self.start(len, Kind::Image);
+        self.image_room = len;
+        self.image_crc = crc32fast::Hasher::new();
     }
 
     /// Bytes of a record of `rows` row images holding `bytes` of stored rows in all.
@@ -405,15 +426,51 @@ impl PushLog {
         self.buf.extend_from_slice(stored);
     }
 
-    /// Adds one dense cell to the current image.
-    pub fn image_cell(&mut self, table_id: u32, index: u64, step: u64, data: &[f32]) {
-        self.entries += 1;
-        self.buf.extend_from_slice(&table_id.to_le_bytes());
+    /// Writes one dense cell of the current image into the file where it goes, from `data`
+    /// itself (the caller holds the cell's read guard meanwhile). A cell past the room the
+    /// image began with is refused and nothing of it is written: the record would overwrite
+    /// live ones.
+    pub fn image_cell(
+        &mut self,
+        table_id: u32,
+        index: u64,
+        step: u64,
+        data: &[f32],
+    ) -> Result<(), PushLogError> {
         let values = u32::try_from(data.len()).unwrap_or(u32::MAX);
-        self.buf.extend_from_slice(&values.to_le_bytes());
-        self.buf.extend_from_slice(&index.to_le_bytes());
-        self.buf.extend_from_slice(&step.to_le_bytes());
-        self.buf.extend_from_slice(bytemuck::cast_slice(data));
+        let mut head = [0u8; CELL];
+        head[0..4].copy_from_slice(&table_id.to_le_bytes());
+        head[4..8].copy_from_slice(&values.to_le_bytes());
+        head[8..16].copy_from_slice(&index.to_le_bytes());
+        head[16..24].copy_from_slice(&step.to_le_bytes());
+        let le;
+        let bytes: &[u8] = if cfg!(target_endian = "little") {
+            bytemuck::cast_slice(data)
+        } else {
+            le = data
+                .iter()
+                .flat_map(|v| v.to_le_bytes())
+                .collect::<Vec<u8>>();
+            &le
+        };
+        let start = HEADER as u64 + self.image_written;
+        let end = start + (CELL + bytes.len()) as u64;
+        if self.kind != Kind::Image || end > self.image_room {
+            return Err(PushLogError::Corrupt {
+                path: self.path.display().to_string(),
+                position: self.at,
+                reason: format!(
+                    "an image's cells reach {end} bytes, past the {} it began with; not written",
+                    self.image_room
+                ),
+            });
+        }
+        write_parts_at(&self.file, &[&head, bytes], self.at % self.capacity + start)?;
+        self.image_crc.update(&head);
+        self.image_crc.update(bytes);
+        self.image_written = end - HEADER as u64;
+        self.entries += 1;
+        Ok(())
     }
 
     /// Starts a push's entry in the current record.
@@ -516,7 +573,7 @@ impl PushLog {
     /// Bytes of the record being built.
     pub fn pending(&self) -> u64 {
         let shared: usize = self.shared.iter().map(|(_, g)| g.len()).sum();
-        (self.buf.len() + shared) as u64
+        (self.buf.len() + shared) as u64 + self.image_written
     }
 
     /// The record being built, in order: `buf` with the shared gradients where they go. The
@@ -568,6 +625,10 @@ impl PushLog {
             // Everything after the magic and the checksum itself.
             crc.update(if i == 0 { &part[8..] } else { part });
         }
+        if self.kind == Kind::Image {
+            // The cells, written already, follow the header.
+            crc.combine(&self.image_crc);
+        }
         self.buf[4..8].copy_from_slice(&crc.finalize().to_le_bytes());
         let ring = self.bodies.as_ref().filter(|_| self.ring_first.is_some());
         if let Some(ring) = ring
@@ -578,6 +639,7 @@ impl PushLog {
         }
         write_parts_at(&self.file, &self.parts(), pos % self.capacity)?;
         self.shared.clear();
+        self.image_written = 0;
         if let (Some(ring), Some(first)) = (ring, self.ring_first.take()) {
             ring.referenced(pos, first);
         }
@@ -1181,8 +1243,8 @@ mod tests {
         let mut log = open(dir.path(), 1 << 16);
         write(&mut log, 1, 10);
         log.begin_image(PushLog::image_len(2, 7));
-        log.image_cell(3, 0, 4, &[1.0, 2.0, 3.0]);
-        log.image_cell(5, 9, 0, &[-1.0; 4]);
+        log.image_cell(3, 0, 4, &[1.0, 2.0, 3.0]).unwrap();
+        log.image_cell(5, 9, 0, &[-1.0; 4]).unwrap();
         let len = log.commit().unwrap();
         assert_eq!(len, PushLog::image_len(2, 7));
         let image_at = log.head() - len;
@@ -1219,6 +1281,78 @@ mod tests {
         );
         // From the start, the image sits between the records: 0 stands for it.
         assert_eq!(seqs(&mut open(dir.path(), 1 << 16), 0), vec![1, 0, 2]);
+    }
+
+    #[test]
+    fn an_image_goes_from_the_cells_into_the_file_without_gathering_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(dir.path(), 64 << 20);
+        write(&mut log, 1, 10);
+        // Two cells of 1 M values: 8 MiB of image, none of it in the record's buffer.
+        let a: Vec<f32> = (0..1 << 20).map(|v| v as f32 * 0.25).collect();
+        let b: Vec<f32> = (0..1 << 20).map(|v| -(v as f32)).collect();
+        log.begin_image(PushLog::image_len(2, 2 << 20));
+        log.image_cell(3, 0, 7, &a).unwrap();
+        log.image_cell(3, 1, 7, &b).unwrap();
+        assert_eq!(log.pending(), PushLog::image_len(2, 2 << 20));
+        let len = log.commit().unwrap();
+        assert!(
+            log.buf.capacity() < 64 << 10,
+            "the buffer holds the header, not the image ({} bytes)",
+            log.buf.capacity()
+        );
+        let image_at = log.head() - len;
+        write(&mut log, 2, 10);
+        assert_eq!(log.pending(), PushLog::record_len(1, 1, 40));
+
+        let mut cells = Vec::new();
+        let mut seen = Vec::new();
+        open(dir.path(), 64 << 20)
+            .replay(image_at, &mut |_, logged| -> Result<(), PushLogError> {
+                match logged {
+                    Logged::Image(image) => {
+                        for c in image {
+                            let v: Vec<f32> = c
+                                .data
+                                .chunks_exact(4)
+                                .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+                                .collect();
+                            cells.push((c.table_id, c.index, c.step, v));
+                        }
+                    }
+                    Logged::Pushes(p) => seen.push(p[0].push_id.seq),
+                    Logged::Rows(_) => panic!("no rows were written"),
+                }
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(cells, vec![(3, 0, 7, a), (3, 1, 7, b)]);
+        assert_eq!(seen, vec![2], "the record after the image replays too");
+    }
+
+    #[test]
+    fn an_image_cell_past_the_room_it_began_with_is_refused_and_not_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = open(dir.path(), 1 << 16);
+        write(&mut log, 1, 10);
+        let head = log.head();
+        let mut before = vec![0u8; 1 << 16];
+        log.file.read_exact_at(&mut before, 0).unwrap();
+        log.begin_image(PushLog::image_len(1, 4));
+        log.image_cell(3, 0, 1, &[1.0; 4]).unwrap();
+        let err = log.image_cell(3, 1, 1, &[2.0; 4]).unwrap_err();
+        assert!(err.to_string().contains("past the"), "{err}");
+        let mut after = vec![0u8; 1 << 16];
+        log.file.read_exact_at(&mut after, 0).unwrap();
+        let cell_end = head as usize + HEADER + CELL + 16;
+        assert_eq!(
+            after[cell_end..],
+            before[cell_end..],
+            "nothing past the first cell was written"
+        );
+        assert_eq!(after[..head as usize], before[..head as usize]);
+        // Never committed, the image is not in the log: it ends after the first record.
+        assert_eq!(seqs(&mut open(dir.path(), 1 << 16), 0), vec![1]);
     }
 
     #[test]

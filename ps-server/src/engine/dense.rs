@@ -12,7 +12,7 @@ use super::table::TableData;
 use super::writer::Queued;
 use super::{EngineError, Inner, Job, Result};
 use crate::metrics as m;
-use crate::push_log::PushLog;
+use crate::push_log::{PushLog, PushLogError};
 use crate::store::{Cf, Store, StoreBatch};
 
 impl<S: Store> Inner<S> {
@@ -50,18 +50,21 @@ impl<S: Store> Inner<S> {
     fn write_image(&self, log: &mut PushLog, len: u64) -> Result<()> {
         self.check_writable()?;
         let t0 = Instant::now();
+        let failed = |e: PushLogError| EngineError::ReadOnly {
+            cause: self.fail(e.to_string()),
+        };
+        // Each cell goes into the log's file from where it is, under its read guard.
         log.begin_image(len);
         for table in self.tables.read().values() {
             if let TableData::Dense(chunks) = &table.data {
                 for (&index, cell) in chunks {
                     let cell = cell.read();
-                    log.image_cell(table.id, index, cell.step, &cell.data);
+                    log.image_cell(table.id, index, cell.step, &cell.data)
+                        .map_err(failed)?;
                 }
             }
         }
-        let written = log.commit().map_err(|e| EngineError::ReadOnly {
-            cause: self.fail(e.to_string()),
-        })?;
+        let written = log.commit().map_err(failed)?;
         let at = log.head() - written;
         let mut batch = self.store.batch();
         batch.put(Cf::Meta, META_LOG_POS, &at.to_le_bytes());
