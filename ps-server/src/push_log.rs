@@ -443,16 +443,8 @@ impl PushLog {
         head[4..8].copy_from_slice(&values.to_le_bytes());
         head[8..16].copy_from_slice(&index.to_le_bytes());
         head[16..24].copy_from_slice(&step.to_le_bytes());
-        let le;
-        let bytes: &[u8] = if cfg!(target_endian = "little") {
-            bytemuck::cast_slice(data)
-        } else {
-            le = data
-                .iter()
-                .flat_map(|v| v.to_le_bytes())
-                .collect::<Vec<u8>>();
-            &le
-        };
+        // Little-endian as they are: ps-core builds for little-endian targets only.
+        let bytes: &[u8] = bytemuck::cast_slice(data);
         let start = HEADER as u64 + self.image_written;
         let end = start + (CELL + bytes.len()) as u64;
         if self.kind != Kind::Image || end > self.image_room {
