@@ -1002,6 +1002,13 @@ mod tests {
         at
     }
 
+    /// A logged chunk's values.
+    fn values(data: &[u8]) -> Vec<f32> {
+        let mut v = vec![0.0; data.len() / 4];
+        ps_codec::quant::read_f32_le(data, &mut v);
+        v
+    }
+
     fn seqs(log: &mut PushLog, from: u64) -> Vec<u64> {
         let mut out = Vec::new();
         log.replay(from, &mut |_, logged| -> Result<(), PushLogError> {
@@ -1014,12 +1021,7 @@ mod tests {
                 for c in &p.chunks {
                     assert_eq!(c.index, p.push_id.seq);
                     assert!(!c.new);
-                    let v: Vec<f32> = c
-                        .data
-                        .chunks_exact(4)
-                        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                        .collect();
-                    assert!(v.iter().all(|&x| x == p.push_id.seq as f32));
+                    assert!(values(c.data).iter().all(|&x| x == p.push_id.seq as f32));
                 }
                 out.push(p.push_id.seq);
             }
@@ -1237,12 +1239,7 @@ mod tests {
             match logged {
                 Logged::Image(image) => {
                     for c in image {
-                        let v: Vec<f32> = c
-                            .data
-                            .chunks_exact(4)
-                            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-                            .collect();
-                        out.push((c.table_id, c.index, c.step, v));
+                        out.push((c.table_id, c.index, c.step, values(c.data)));
                     }
                 }
                 Logged::Pushes(p) => out.push((0, p[0].push_id.seq, 0, Vec::new())),
