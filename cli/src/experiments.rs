@@ -207,7 +207,10 @@ fn sparse_link_suite(name: &'static str, title: &'static str, base: &'static str
                 codecs apply to every table: top-k 1% sends the largest entries of each pushed \
                 row (at least one), fp16 pulls round rows and dense tables alike, delta top-k \
                 pulls the dense tables as the top 2% of their change (rows then come in fp16). \
-                A step moves about 45 KB each way in f32, so the link is a small part of it.",
+                A step moves about 24 KB each way in f32 (pushes up, pulls down), so the link \
+                is a small part of it; at 100 Mbit/s the bytes alone bound what a codec can \
+                save: f32's 48 KB a step take 3.8 ms there, top-k pushes with fp16 pulls still \
+                send about 15 KB (1.2 ms), at most 3.3x less even were the rest of a step free.",
         base,
         epochs: 3.0,
         // The model is near its final accuracy within a quarter epoch, and the configurations
@@ -472,6 +475,13 @@ pub struct RunResult {
     pub time_to_target_s: Option<f64>,
     /// (training seconds, test accuracy) at each evaluation.
     pub curve: Vec<(f64, f64)>,
+    /// When the run ended (seconds since the Unix epoch) and the machine it ran on (processor
+    /// model and cores): the report says which day and machine each section's figures come
+    /// from. `None` in results from before they were recorded.
+    #[serde(default)]
+    pub finished_unix_s: Option<u64>,
+    #[serde(default)]
+    pub host: Option<String>,
 }
 
 #[derive(Parser)]
@@ -633,7 +643,20 @@ async fn run_one(
         remove_shard_data(&dir)?;
         std::fs::write(&flags_file, flags.join(" "))
             .with_context(|| format!("writing {}", flags_file.display()))?;
+        let host_file = dir.join(HOST_FILE);
+        std::fs::write(&host_file, host())
+            .with_context(|| format!("writing {}", host_file.display()))?;
     }
+    // A run directory kept from before says when it ended by its final record's time, and
+    // where it ran if it was made since that was written down.
+    let finished_unix_s = std::fs::metadata(&fin)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
+    let host = std::fs::read_to_string(dir.join(HOST_FILE))
+        .ok()
+        .map(|h| h.trim().to_owned());
     let fin: FinalRecord = serde_json::from_slice(
         &std::fs::read(&fin).with_context(|| format!("reading {}", fin.display()))?,
     )?;
@@ -661,7 +684,77 @@ async fn run_one(
             .find(|e| e.test_accuracy >= suite.target)
             .map(|e| e.train_s),
         curve: evals.iter().map(|e| (e.train_s, e.test_accuracy)).collect(),
+        finished_unix_s,
+        host,
     })
+}
+
+/// The file in a run's directory that names the machine it ran on.
+const HOST_FILE: &str = "host.txt";
+
+/// This machine as a report names it: the processor's model (Linux's /proc/cpuinfo) and the
+/// cores this process may use.
+fn host() -> String {
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_owned());
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    format!("{model}, {cores} cores")
+}
+
+/// `unix_s` as a UTC date and time, `2026-12-03 05:06`.
+fn utc(unix_s: u64) -> String {
+    // Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar, in 400-year
+    // eras of 146,097 days that begin on 1 March).
+    let (days, secs) = (unix_s / 86_400, unix_s % 86_400);
+    let z = days + 719_468;
+    let era = z / 146_097;
+    let doe = z % 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    format!(
+        "{year}-{month:02}-{day:02} {:02}:{:02}",
+        secs / 3600,
+        secs % 3600 / 60
+    )
+}
+
+/// Where a section's figures come from: the span of its runs' end times and the machines
+/// they ran on, and how many runs predate that record.
+fn provenance(suite: &Suite, results: &[RunResult]) -> Option<String> {
+    let runs: Vec<&RunResult> = results
+        .iter()
+        .filter(|r| r.suite == suite.name && suite.configs.iter().any(|c| c.label == r.config))
+        .collect();
+    let times: Vec<u64> = runs.iter().filter_map(|r| r.finished_unix_s).collect();
+    let (first, last) = (*times.iter().min()?, *times.iter().max()?);
+    let mut hosts: Vec<&str> = runs.iter().filter_map(|r| r.host.as_deref()).collect();
+    hosts.sort_unstable();
+    hosts.dedup();
+    let mut line = format!(
+        "Runs ended {} to {} UTC, on {}.",
+        utc(first),
+        utc(last),
+        hosts.join("; ")
+    );
+    let older = runs.len() - times.len();
+    if older > 0 {
+        line.push_str(&format!(
+            " {older} of the {} runs are older and unrecorded.",
+            runs.len()
+        ));
+    }
+    Some(line)
 }
 
 /// Removes a finished run's shard data directories: the report reads only `final.json` and
@@ -1141,7 +1234,10 @@ fn report(a: &ExperimentArgs, suites: &[Suite], results: &[RunResult]) -> String
          codec and lz4, with the f32 size beside them. Time to target is the evaluating worker's \
          training time (its evaluations left out) at its first evaluation at or above the \
          target, over the seeds that reached it. Each configuration's row names the `psctl \
-         local` flags that repeat one run (add `--seed N`).\n"
+         local` flags that repeat one run (add `--seed N`). A section whose runs recorded \
+         it says when they ended and on which machine; the sections without that line come \
+         from runs made before it was recorded (README.md names them). Compare a section's \
+         rows with each other, not with another section's made on another day or machine.\n"
     );
     if a.epochs_scale != 1.0 {
         let _ = writeln!(
@@ -1163,6 +1259,9 @@ fn report(a: &ExperimentArgs, suites: &[Suite], results: &[RunResult]) -> String
             pct(suite.target),
             suite.base
         );
+        if let Some(line) = provenance(suite, results) {
+            let _ = writeln!(md, "{line}\n");
+        }
         let _ = writeln!(
             md,
             "| configuration | test accuracy | bytes pushed / step (f32) | compression | time to {} | training time | flags |",
@@ -1232,6 +1331,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn run_end_times_read_as_utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00");
+        assert_eq!(utc(951_868_740 + 59), "2000-02-29 23:59");
+        assert_eq!(utc(1_796_274_360), "2026-12-03 05:06");
+        assert_eq!(utc(4_107_542_400), "2100-03-01 00:00");
+    }
+
+    #[test]
     fn every_suite_parses_as_psctl_local_flags() {
         for s in suites() {
             for c in &s.configs {
@@ -1275,6 +1382,8 @@ mod tests {
             train_s: 1.0,
             time_to_target_s: Some(0.5),
             curve: Vec::new(),
+            finished_unix_s: None,
+            host: None,
         };
         // Ten seeds of every configuration stored with today's flags, and one more seed whose
         // flags have changed since (it must not come back).

@@ -207,3 +207,40 @@ fn ps_bench_runs_pslite_beside_its_own_cases() {
         "{stderr}"
     );
 }
+
+/// The link emulator's benchmark as documented: a line per size, and no transfer through the
+/// emulated link ends sooner than its bytes would have crossed it.
+#[test]
+fn link_bench_times_transfers_against_the_link() {
+    let out = std::process::Command::new(ps_launch::binary("link-bench").unwrap())
+        .args([
+            "--mbps",
+            "1000",
+            "--bytes",
+            "3000",
+            "--bytes",
+            "60000",
+            "--transfers",
+            "50",
+        ])
+        .output()
+        .unwrap();
+    let (stdout, lines) = json_lines(&out);
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for (l, bytes) in lines.iter().zip([3000, 60000]) {
+        assert_eq!(l["bytes"].as_u64(), Some(bytes), "{l}");
+        let link_us = l["link_us"].as_f64().unwrap();
+        // 1 Gbit/s: 8 ns a byte.
+        assert!((link_us - bytes as f64 * 0.008).abs() < 0.01, "{l}");
+        assert!(l["shortest_us"].as_f64().unwrap() >= link_us, "{l}");
+        assert!(
+            l["tasks_per_transfer_us"].as_f64().unwrap() >= link_us,
+            "{l}"
+        );
+        let (p50, p99) = (
+            l["added_p50_us"].as_f64().unwrap(),
+            l["added_p99_us"].as_f64().unwrap(),
+        );
+        assert!(p50 <= p99, "{l}");
+    }
+}

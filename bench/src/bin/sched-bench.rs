@@ -9,6 +9,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
+use ps_bench::pct;
 use ps_client::scheduler::{ClockDone, SchedulerClient, WorkerSession};
 use ps_core::JobSpec;
 use ps_launch::{Service, binary};
@@ -31,10 +32,6 @@ struct Args {
     /// includes queueing behind the other workers).
     #[arg(long, default_value_t = 5000.0)]
     rate: f64,
-}
-
-fn pct(v: &[Duration], p: f64) -> Duration {
-    v[((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1]
 }
 
 #[tokio::main]
