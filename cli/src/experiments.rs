@@ -741,12 +741,12 @@ fn provenance(suite: &Suite, results: &[RunResult]) -> Option<String> {
     let mut hosts: Vec<&str> = runs.iter().filter_map(|r| r.host.as_deref()).collect();
     hosts.sort_unstable();
     hosts.dedup();
-    let mut line = format!(
-        "Runs ended {} to {} UTC, on {}.",
-        utc(first),
-        utc(last),
-        hosts.join("; ")
-    );
+    let mut line = format!("Runs ended {} to {} UTC", utc(first), utc(last));
+    // Run directories made before their machine was written down name none.
+    if !hosts.is_empty() {
+        line.push_str(&format!(", on {}", hosts.join("; ")));
+    }
+    line.push('.');
     let older = runs.len() - times.len();
     if older > 0 {
         line.push_str(&format!(
