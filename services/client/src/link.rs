@@ -63,9 +63,10 @@ const COARSE_MARGIN: Duration = Duration::from_millis(2);
 /// on large ones and understate what compression buys. So the timer sleeps all but the last
 /// [`COARSE_MARGIN`], and the rest is polled: the task yields to the runtime's other tasks and
 /// the thread to other processes between looks at the clock. Sleeping the rest instead (on a
-/// blocking thread, as this did before) cost two wake-ups of a sleeping thread a transfer,
-/// 0.15-0.35 ms on a 2-core virtual machine (`link-bench`): on Adult's small steps that was
-/// most of what the link added, the same for every codec.
+/// blocking thread, as this did before) cost two wake-ups of a sleeping thread a transfer:
+/// `link-bench` at 1 Gbit/s on a 2-core virtual machine measured 0.12-0.19 ms added to each
+/// transfer of 3-60 KB, which on Adult's small steps was most of what the link added, the
+/// same for every codec.
 async fn wait_until(deadline: Instant) {
     if let Some(coarse) = deadline.checked_sub(COARSE_MARGIN)
         && coarse > Instant::now()
