@@ -41,6 +41,16 @@ async fn one_task(link: &Link, bytes: u64, n: usize) -> Vec<Duration> {
     took
 }
 
+/// CPU time this process has used so far, user and system (getrusage).
+fn cpu_time() -> anyhow::Result<Duration> {
+    use nix::sys::resource::{UsageWho, getrusage};
+    let u = getrusage(UsageWho::RUSAGE_SELF)?;
+    let d = |t: nix::sys::time::TimeVal| {
+        Duration::new(t.tv_sec().max(0) as u64, t.tv_usec().max(0) as u32 * 1000)
+    };
+    Ok(d(u.user_time()) + d(u.system_time()))
+}
+
 /// Microseconds, to the nanosecond.
 fn us(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e9).round() / 1e3
@@ -48,7 +58,7 @@ fn us(d: Duration) -> f64 {
 
 /// One JSON line per transfer size: the link's time for it; one task's transfers: the
 /// shortest, and the time added beyond the link's at the median, 99th percentile and on
-/// average; `tasks` at once: the mean time a transfer (the link carries them in turn) and what
+/// average, and the CPU time a transfer took (the process's, both threads); `tasks` at once: the mean time a transfer (the link carries them in turn) and what
 /// that adds.
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
@@ -60,7 +70,9 @@ async fn main() -> anyhow::Result<()> {
     for &bytes in &a.bytes {
         let link = Arc::new(Link::mbps(a.mbps));
         let ideal = link.time_of(bytes);
+        let cpu0 = cpu_time()?;
         let took = one_task(&link, bytes, a.transfers).await;
+        let cpu = cpu_time()?.saturating_sub(cpu0) / a.transfers as u32;
         let added: Vec<Duration> = took.iter().map(|t| t.saturating_sub(ideal)).collect();
         let mean = added.iter().sum::<Duration>() / added.len() as u32;
         let t0 = Instant::now();
@@ -90,6 +102,7 @@ async fn main() -> anyhow::Result<()> {
                 "added_p50_us": us(pct(&added, 0.5)),
                 "added_p99_us": us(pct(&added, 0.99)),
                 "added_mean_us": us(mean),
+                "cpu_us": us(cpu),
                 "tasks": a.tasks,
                 "tasks_per_transfer_us": us(per),
                 "tasks_added_us": us(per.saturating_sub(ideal)),

@@ -51,32 +51,66 @@ impl Bucket {
     }
 }
 
-/// How long before a transfer's end the timer's sleep stops and polling takes over. tokio's
-/// timer rounds a deadline up to its next millisecond tick and the thread then still has to
-/// wake, so a sleep ends up to about 2 ms late: with a 1 ms margin, transfers of a few ms ended
-/// 0.47 ms late on average (`link-bench`, 300 KB at 1 Gbit/s).
-const COARSE_MARGIN: Duration = Duration::from_millis(2);
+/// The last part of a wait, polled rather than slept: a timer's wake-up on a virtual machine
+/// comes 45-200 µs late on average (`link-bench`, the whole wait on the timer), so the timer is
+/// set this much before the end and the rest is polled.
+const POLLED: Duration = Duration::from_micros(200);
 
-/// Waits until `deadline`, to within a few microseconds rather than tokio's millisecond.
-/// A plain `sleep_until` ends each transfer up to a millisecond or two late: paid once per
-/// request and once per answer, that would weigh on small, compressed transfers far more than
-/// on large ones and understate what compression buys. So the timer sleeps all but the last
-/// [`COARSE_MARGIN`], and the rest is polled: the task yields to the runtime's other tasks and
-/// the thread to other processes between looks at the clock. Sleeping the rest instead (on a
-/// blocking thread, as this did before) cost two wake-ups of a sleeping thread a transfer:
-/// `link-bench` at 1 Gbit/s on a 2-core virtual machine measured 0.12-0.19 ms added to each
-/// transfer of 3-60 KB, which on Adult's small steps was most of what the link added, the
-/// same for every codec.
+/// Waits until `deadline`, to within tens of microseconds rather than tokio's millisecond, and
+/// without holding a core for the wait. A plain `sleep_until` ends each transfer up to a
+/// millisecond or two late: paid once per request and once per answer, that would weigh on
+/// small, compressed transfers far more than on large ones and understate what compression
+/// buys. So all but the last [`POLLED`] of the wait is armed on a kernel timer of its own
+/// (`timerfd`, nanosecond-precise) that the runtime's reactor watches like a socket, and the
+/// rest is polled: the task yields to the runtime's other tasks and the thread to other
+/// processes between looks at the clock. `link-bench` on a 2-core virtual machine (300
+/// transfers a size): 3-60 KB at 100 Mbit/s and 1 Gbit/s ended 3-45 µs late on average and
+/// took 25-190 µs of CPU each. Polling the last 2 ms instead, as this did before, took
+/// 150-1,960 µs of CPU a transfer (all of any transfer under 2 ms, the whole of a compressed
+/// step's), from the shards and workers on the same cores; sleeping the last millisecond on a
+/// blocking thread, before that, added 0.12-0.19 ms a transfer. Without a timer (another
+/// system, or none to be had), tokio's timer sleeps the wait up to the polled part.
 async fn wait_until(deadline: Instant) {
-    if let Some(coarse) = deadline.checked_sub(COARSE_MARGIN)
-        && coarse > Instant::now()
-    {
-        tokio::time::sleep_until(coarse).await;
+    let left = deadline.saturating_duration_since(Instant::now());
+    if left > POLLED && timer_wait(left - POLLED).await.is_err() {
+        tokio::time::sleep_until(deadline - POLLED).await;
     }
     while Instant::now() < deadline {
         std::thread::yield_now();
         tokio::task::yield_now().await;
     }
+}
+
+/// Waits `left` on a one-shot `timerfd` of its own, watched by the runtime's reactor.
+#[cfg(target_os = "linux")]
+async fn timer_wait(left: Duration) -> std::io::Result<()> {
+    use nix::sys::time::TimeSpec;
+    use nix::sys::timerfd::{ClockId, Expiration, TimerFd, TimerFlags, TimerSetTimeFlags};
+    // CLOCK_MONOTONIC: the clock `Instant` reads.
+    let timer = TimerFd::new(
+        ClockId::CLOCK_MONOTONIC,
+        TimerFlags::TFD_NONBLOCK | TimerFlags::TFD_CLOEXEC,
+    )?;
+    timer.set(
+        Expiration::OneShot(TimeSpec::from_duration(left)),
+        TimerSetTimeFlags::empty(),
+    )?;
+    let fd = std::os::fd::OwnedFd::from(timer);
+    #[allow(unsafe_code)]
+    // SAFETY: the AsyncFd owns the timer's descriptor, which stays open and the same until the
+    // AsyncFd is dropped.
+    let fd = unsafe {
+        tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+    }
+    .map_err(std::io::Error::from)?;
+    // Readable once the timer has fired; the descriptor is closed unread.
+    fd.readable().await?.retain_ready();
+    Ok(())
+}
+
+#[cfg(not(target_os = "linux"))]
+async fn timer_wait(_left: Duration) -> std::io::Result<()> {
+    Err(std::io::ErrorKind::Unsupported.into())
 }
 
 /// An emulated network link of a fixed speed, full duplex.
