@@ -57,9 +57,9 @@ fn us(d: Duration) -> f64 {
 }
 
 /// One JSON line per transfer size: the link's time for it; one task's transfers: the
-/// shortest, and the time added beyond the link's at the median, 99th percentile and on
-/// average, and the CPU time a transfer took (the process's, both threads); `tasks` at once: the mean time a transfer (the link carries them in turn) and what
-/// that adds.
+/// shortest, the time added beyond the link's at the median, 99th percentile and on average,
+/// and the CPU time a transfer took (the process's, both threads); `tasks` at once: the mean
+/// time a transfer (the link carries them in turn) and what that adds.
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();

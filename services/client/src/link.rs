@@ -52,8 +52,8 @@ impl Bucket {
 }
 
 /// The last part of a wait, polled rather than slept: a timer's wake-up on a virtual machine
-/// comes 45-200 µs late on average (`link-bench`, the whole wait on the timer), so the timer is
-/// set this much before the end and the rest is polled.
+/// comes 45-200 µs late at the median (`link-bench`, the whole wait on the timer), so the
+/// timer is set this much before the end and the rest is polled.
 const POLLED: Duration = Duration::from_micros(200);
 
 /// Waits until `deadline`, to within tens of microseconds rather than tokio's millisecond, and
@@ -64,11 +64,12 @@ const POLLED: Duration = Duration::from_micros(200);
 /// (`timerfd`, nanosecond-precise) that the runtime's reactor watches like a socket, and the
 /// rest is polled: the task yields to the runtime's other tasks and the thread to other
 /// processes between looks at the clock. `link-bench` on a 2-core virtual machine (300
-/// transfers a size): 3-60 KB at 100 Mbit/s and 1 Gbit/s ended 3-45 µs late on average and
-/// took 25-190 µs of CPU each. Polling the last 2 ms instead, as this did before, took
-/// 150-1,960 µs of CPU a transfer (all of any transfer under 2 ms, the whole of a compressed
-/// step's), from the shards and workers on the same cores; sleeping the last millisecond on a
-/// blocking thread, before that, added 0.12-0.19 ms a transfer. Without a timer (another
+/// transfers a size): 3-60 KB at 100 Mbit/s and 1 Gbit/s ended 0.4-2.6 µs late at the median
+/// (the means, 3-235 µs, are a tail of the machine's that polling the whole wait has too) and
+/// took 25-191 µs of CPU each. Polling the last 2 ms instead, as this did before, took
+/// 157-1,958 µs of CPU a transfer (all of any transfer under 2 ms, so nearly all of a
+/// compressed step's), from the shards and workers on the same cores; sleeping the last
+/// millisecond on a blocking thread, before that, added 0.12-0.19 ms a transfer. Without a timer (another
 /// system, or none to be had), tokio's timer sleeps the wait up to the polled part.
 async fn wait_until(deadline: Instant) {
     let left = deadline.saturating_duration_since(Instant::now());
