@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use clap::Parser;
 use ps_bench::pct;
 use ps_client::Link;
+use ps_runtime::metrics::cpu_seconds;
 
 #[derive(Debug, Parser)]
 struct Args {
@@ -41,16 +42,6 @@ async fn one_task(link: &Link, bytes: u64, n: usize) -> Vec<Duration> {
     took
 }
 
-/// CPU time this process has used so far, user and system (getrusage).
-fn cpu_time() -> anyhow::Result<Duration> {
-    use nix::sys::resource::{UsageWho, getrusage};
-    let u = getrusage(UsageWho::RUSAGE_SELF)?;
-    let d = |t: nix::sys::time::TimeVal| {
-        Duration::new(t.tv_sec().max(0) as u64, t.tv_usec().max(0) as u32 * 1000)
-    };
-    Ok(d(u.user_time()) + d(u.system_time()))
-}
-
 /// Microseconds, to the nanosecond.
 fn us(d: Duration) -> f64 {
     (d.as_secs_f64() * 1e9).round() / 1e3
@@ -70,9 +61,9 @@ async fn main() -> anyhow::Result<()> {
     for &bytes in &a.bytes {
         let link = Arc::new(Link::mbps(a.mbps));
         let ideal = link.time_of(bytes);
-        let cpu0 = cpu_time()?;
+        let cpu0 = cpu_seconds();
         let took = one_task(&link, bytes, a.transfers).await;
-        let cpu = cpu_time()?.saturating_sub(cpu0) / a.transfers as u32;
+        let cpu = Duration::from_secs_f64((cpu_seconds() - cpu0).max(0.0)) / a.transfers as u32;
         let added: Vec<Duration> = took.iter().map(|t| t.saturating_sub(ideal)).collect();
         let mean = added.iter().sum::<Duration>() / added.len() as u32;
         let t0 = Instant::now();
