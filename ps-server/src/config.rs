@@ -115,6 +115,7 @@ pub struct FileConfig {
     pub virtual_nodes: Option<u32>,
     pub group_commit_bytes: Option<usize>,
     pub writer_spin_us: Option<u64>,
+    pub inline_push_bytes: Option<usize>,
     pub max_queued_bytes: Option<usize>,
     pub pull_replica_bytes: Option<usize>,
     pub rocksdb: Option<RocksOptions>,
@@ -140,6 +141,9 @@ pub struct ServerConfig {
     pub group_commit_bytes: usize,
     /// How long the writer stays awake for the next push after a small group.
     pub writer_spin: std::time::Duration,
+    /// Dense pushes of at most this many bytes are applied by the connection that received
+    /// them when the writer is idle, instead of being handed to the writer thread; 0: never.
+    pub inline_push_bytes: usize,
     pub max_queued_bytes: usize,
     /// Memory for the per-client replicas that delta pulls diff against.
     pub pull_replica_bytes: usize,
@@ -183,6 +187,7 @@ impl ServerConfig {
             max_answer_bytes: 256 << 20,
             group_commit_bytes: 64 << 20,
             writer_spin: std::time::Duration::from_micros(250),
+            inline_push_bytes: 1 << 20,
             max_queued_bytes: 1 << 30,
             pull_replica_bytes: 512 << 20,
             rocksdb: RocksOptions::default(),
@@ -232,6 +237,7 @@ impl ServerConfig {
             writer_spin: file
                 .writer_spin_us
                 .map_or(d.writer_spin, std::time::Duration::from_micros),
+            inline_push_bytes: file.inline_push_bytes.unwrap_or(d.inline_push_bytes),
             max_queued_bytes: file.max_queued_bytes.unwrap_or(d.max_queued_bytes),
             pull_replica_bytes: file.pull_replica_bytes.unwrap_or(d.pull_replica_bytes),
             rocksdb,
@@ -347,7 +353,7 @@ mod tests {
     fn flags_beat_the_file_which_beats_defaults() {
         let (_d, path) = file(
             "listen = \"127.0.0.1:9000\"\ndata_dir = \"/tmp/x\"\nnum_shards = 4\nshard_index = 3\n\
-             group_commit_bytes = 1024\nwriter_spin_us = 0\n[rocksdb]\nwrite_buffer_mib = 32\n",
+             group_commit_bytes = 1024\nwriter_spin_us = 0\ninline_push_bytes = 0\n[rocksdb]\nwrite_buffer_mib = 32\n",
         );
         let cfg = ServerConfig::resolve(args(&[
             "--config",
@@ -361,6 +367,7 @@ mod tests {
         assert_eq!((cfg.shard_index, cfg.num_shards), (3, 4));
         assert_eq!(cfg.group_commit_bytes, 1024);
         assert!(cfg.writer_spin.is_zero());
+        assert_eq!(cfg.inline_push_bytes, 0);
         assert_eq!(cfg.rocksdb.write_buffer_mib, 32);
         assert!(cfg.rocksdb.sync);
         assert_eq!(

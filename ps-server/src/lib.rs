@@ -164,6 +164,7 @@ async fn serve<S: Store>(
         checkpoint_dir: cfg.service.data_dir.as_ref().map(|d| d.join("checkpoints")),
         group_commit_bytes: cfg.group_commit_bytes,
         writer_spin: cfg.writer_spin,
+        inline_push_bytes: cfg.inline_push_bytes,
         max_queued_bytes: cfg.max_queued_bytes,
         pull_replica_bytes: cfg.pull_replica_bytes,
         dense_log_bytes: cfg.rocksdb.dense_log_mib << 20,

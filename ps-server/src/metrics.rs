@@ -39,6 +39,11 @@ pub fn describe() {
         "Requests refused, by method and gRPC code."
     );
     describe_histogram!("ps_group_commit_size", "Pushes made durable by one write.");
+    describe_counter!(
+        "ps_pushes_inline_total",
+        "Dense pushes committed from the combining queue (the writer thread idle when they \
+         came), without a hand-off to the writer."
+    );
     describe_histogram!(
         "ps_group_commit_bytes",
         "Bytes of one group-commit write batch."
@@ -130,6 +135,7 @@ pub fn describe() {
         "ps_rows_relogged_bytes_total",
         "ps_bulk_connections_total",
         "ps_store_row_reads_total",
+        "ps_pushes_inline_total",
     ] {
         counter!(c).absolute(0);
     }
@@ -219,6 +225,10 @@ pub fn wire_bytes(direction: &'static str, table: &str, encoding: ps_core::Encod
 pub fn request_error(method: &'static str, code: tonic::Code) {
     counter!("ps_request_errors_total", "method" => method, "code" => format!("{code:?}"))
         .increment(1);
+}
+
+pub fn pushes_inline(n: usize) {
+    counter!("ps_pushes_inline_total").increment(n as u64);
 }
 
 pub fn group_commit(pushes: usize, bytes: usize, apply: Duration, write: Duration) {

@@ -1410,3 +1410,89 @@ async fn a_slow_bulk_sender_with_a_byte_within_the_frame_timeout_is_read_and_app
     let pulled = ps.pull_dense("t").await.unwrap();
     assert!(pulled.iter().all(|&v| v != 0.0), "{:?}", &pulled[..4]);
 }
+
+/// Dense pushes committed on the connections' threads while the writer is idle (the combining
+/// queue, `inline_push_bytes`) are as durable and exactly-once as the writer's: three clients
+/// push at once into a small log (so that images, the writer's work, interleave with them),
+/// the shard is killed with -9 among their pushes and restarted, and every push is applied
+/// once. With `inline_push_bytes = 0` every push goes through the writer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dense_pushes_committed_inline_survive_kill_9_exactly_once() {
+    const N: usize = 300_000;
+    const PUSHES: usize = 40;
+    let dir = tempfile::tempdir().unwrap();
+    let toml = "[rocksdb]\ndense_log_mib = 8\n";
+    let mut server = spawn_configured(dir.path(), toml).await;
+    let port = server.addr.rsplit(':').next().unwrap().to_owned();
+    let ps = connect(&server.addr).await;
+    ps.create_table(
+        TableSpec::dense("w", &[N as u64])
+            .unwrap()
+            .with_optimizer(Optimizer::sgd(1.0))
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let acked = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut pushers = Vec::new();
+    for k in 0..3 {
+        // A client each, without lz4 (constant gradients would shrink and go by gRPC).
+        let mut cfg = client_config(&server.addr);
+        cfg.codec.push.lz4.enabled = false;
+        cfg.client_id = Some(100 + k);
+        let ps = PsClient::connect(cfg).await.unwrap();
+        let acked = acked.clone();
+        pushers.push(tokio::spawn(async move {
+            for _ in 0..PUSHES {
+                ps.push_dense("w", &vec![-1.0; N]).await.unwrap();
+                acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+        }));
+    }
+    while acked.load(std::sync::atomic::Ordering::SeqCst) < 30 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let inline = metric(&server, "ps_pushes_inline_total").await;
+    server.svc.kill();
+    let at_kill = acked.load(std::sync::atomic::Ordering::SeqCst);
+    assert!(
+        at_kill < 3 * PUSHES,
+        "the kill must land while pushes remain"
+    );
+    assert!(inline > 0.0, "no push was committed inline");
+    let config = dir.path().join("shard.toml");
+    let args = ["--config", config.to_str().unwrap()];
+    let mut server = spawn(
+        &dir.path().join("data"),
+        &format!("127.0.0.1:{port}"),
+        &args,
+    )
+    .await;
+    for p in pushers {
+        p.await.unwrap();
+    }
+    let w = connect(&server.addr).await.pull_dense("w").await.unwrap();
+    assert_eq!(
+        w,
+        vec![(3 * PUSHES) as f32; N],
+        "killed after {at_kill} pushes"
+    );
+    server.svc.kill();
+
+    // The same data directory with inline commits off: the writer commits every push.
+    std::fs::write(&config, format!("inline_push_bytes = 0\n{toml}")).unwrap();
+    let mut server = spawn(
+        &dir.path().join("data"),
+        &format!("127.0.0.1:{port}"),
+        &args,
+    )
+    .await;
+    let ps = connect(&server.addr).await;
+    for _ in 0..5 {
+        ps.push_dense("w", &vec![-1.0; N]).await.unwrap();
+    }
+    assert_eq!(metric(&server, "ps_pushes_inline_total").await, 0.0);
+    let w = ps.pull_dense("w").await.unwrap();
+    assert_eq!(w, vec![(3 * PUSHES + 5) as f32; N]);
+    server.svc.kill();
+}

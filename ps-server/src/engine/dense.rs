@@ -90,12 +90,9 @@ impl<S: Store> Inner<S> {
             .store(PushLog::image_len(cells, floats), Ordering::Relaxed);
     }
 
-    /// Decides where a group's dense gradients and written-back sparse rows go: the log
-    /// (with the record's length at most; after freeing the log when the record would
-    /// overwrite live ones), or the store (`None`). A group larger than the log takes goes to
-    /// the store after a snapshot, so that the store's cells never lag the log's records
-    /// behind a newer direct write (its sparse rows are written through, with their stamps).
-    pub(super) fn prepare_log(&self, log: &mut PushLog, pushes: &[Queued]) -> Result<Option<u64>> {
+    /// The length of the log record a group's pushes take at most; `None` when none of them
+    /// goes to the log.
+    fn record_len(pushes: &[Queued]) -> Option<u64> {
         let (mut entries, mut chunks, mut bytes) = (0, 0, 0);
         for (job, _) in pushes {
             match job {
@@ -126,10 +123,39 @@ impl<S: Store> Inner<S> {
                 Job::Sparse(..) => {}
             }
         }
-        if entries == 0 {
+        (entries > 0).then(|| PushLog::record_len(entries, chunks, bytes))
+    }
+
+    /// The length of an image of the dense cells, and the room records leave for it in the
+    /// log (none when an image would not fit in one record).
+    fn image_room(&self, log: &PushLog) -> (u64, u64) {
+        let image = self.image_len.load(Ordering::Relaxed);
+        (image, if image <= log.max_image() { image } else { 0 })
+    }
+
+    /// Whether a group's record goes into the log as it is: no image, write-back or snapshot
+    /// has to free room for it first (what a push committed inline must not wait for).
+    pub(super) fn log_takes_as_is(&self, log: &PushLog, pushes: &[Queued]) -> bool {
+        let Some(len) = Self::record_len(pushes) else {
+            return true;
+        };
+        let (_, room) = self.image_room(log);
+        len <= log.max_record()
+            && log.fits(len + room)
+            && log
+                .bodies()
+                .is_none_or(|ring| ring.held_by_records() <= ring.capacity() / 4 * 3)
+    }
+
+    /// Decides where a group's dense gradients and written-back sparse rows go: the log
+    /// (with the record's length at most; after freeing the log when the record would
+    /// overwrite live ones), or the store (`None`). A group larger than the log takes goes to
+    /// the store after a snapshot, so that the store's cells never lag the log's records
+    /// behind a newer direct write (its sparse rows are written through, with their stamps).
+    pub(super) fn prepare_log(&self, log: &mut PushLog, pushes: &[Queued]) -> Result<Option<u64>> {
+        let Some(len) = Self::record_len(pushes) else {
             return Ok(None);
-        }
-        let len = PushLog::record_len(entries, chunks, bytes);
+        };
         if len > log.max_record() {
             self.snapshot(log)?;
             return Ok(None);
@@ -137,8 +163,7 @@ impl<S: Store> Inner<S> {
         // Records leave room for the image that frees the log behind them; when there is no
         // more, the oldest dirty rows are written back and the image is written (or, when the
         // cells are too many for one, a snapshot).
-        let image = self.image_len.load(Ordering::Relaxed);
-        let room = if image <= log.max_image() { image } else { 0 };
+        let (image, room) = self.image_room(log);
         if !log.fits(len + room) {
             let needed = log.tail_needed(len + room);
             if log.rows_tail() < needed {

@@ -1,7 +1,10 @@
 //! The shard engine: the hot in-memory layer, the single writer with group commit, and
 //! exactly-once application of pushes.
 //!
-//! Every mutation (push, create, drop, checkpoint) goes through one writer thread. It takes all
+//! Every mutation (push, create, drop, checkpoint) is committed by whoever holds the *turn*:
+//! the writer thread, or, for a dense push while the writer is idle, the handler that received
+//! it (`writer.rs`, [`Inner::commit_inline`]), which commits every such push waiting as one
+//! group, exactly as the writer would. The writer takes all
 //! queued pushes at once, applies them to the hot layer, appends the gradients it applied
 //! (dense chunks, and the rows of sparse tables written back) to the push log
 //! ([`crate::push_log`]) as one record, puts the pushes' (client id, seq) (and the rows of
@@ -18,7 +21,8 @@
 //! - [`routing`]: the shard-map epoch and key ownership checks;
 //! - [`validate`]: a push checked and decoded before it is queued;
 //! - [`read`]: pulls, and the replicas delta pulls diff against;
-//! - [`writer`]: the writer thread, group commit, applying pushes;
+//! - [`writer`]: the writer thread, the turn and the combining queue, group commit, applying
+//!   pushes;
 //! - [`dense`]: room in the push log: images of the dense cells, snapshots into the store;
 //! - [`writeback`]: dirty sparse rows written back into the store, oldest first;
 //! - [`pending`]: the sparse rows a restart found in the log, brought up to date on demand;
@@ -90,6 +94,10 @@ pub struct EngineConfig {
     /// How long the writer polls for the next push after a group of at most 64 KiB before it
     /// sleeps (`writer.rs`); zero: it sleeps at once.
     pub writer_spin: std::time::Duration,
+    /// Dense pushes of at most this many bytes are committed by the task that received them
+    /// when the writer is idle (`writer.rs`, [`Inner::commit_inline`]); 0: every push goes
+    /// through the writer thread.
+    pub inline_push_bytes: usize,
     /// Most bytes of pushes queued for the writer; callers wait beyond it.
     pub max_queued_bytes: usize,
     /// Most bytes of replicas kept for delta pulls; beyond it chunks are answered whole.
@@ -214,6 +222,11 @@ struct Inner<S: Store> {
     dirty_rows: AtomicU64,
     /// The sparse rows a restart found updates of in the log, not yet applied (`pending.rs`).
     pending: pending::Pending,
+    /// Held by whoever commits pushes: the writer thread, or a connection committing the
+    /// combining queue's pushes ([`Inner::commit_inline`]).
+    turn: Mutex<writer::Turn>,
+    /// Dense pushes waiting for whoever holds the turn, or takes it next, to commit them.
+    combining: Mutex<Vec<writer::Queued>>,
 }
 
 /// A stored table the shard did not load at start-up: calls on it are refused until it is
@@ -305,6 +318,8 @@ impl<S: Store> Engine<S> {
             writeback: Mutex::new(writeback::WriteBack::default()),
             dirty_rows: AtomicU64::new(0),
             pending: pending::Pending::default(),
+            turn: Mutex::new(writer::Turn::default()),
+            combining: Mutex::new(Vec::new()),
             store,
             cfg,
         });
@@ -417,10 +432,32 @@ impl<S: Store> Engine<S> {
             .map_err(|_| EngineError::ShuttingDown)
     }
 
-    /// Queues a validated push for the writer, holding its share of the queue's budget.
+    /// Commits a validated push, holding its share of the queue's budget: on this thread when
+    /// the writer is idle and the push qualifies ([`Inner::commit_inline`]), else by the
+    /// writer.
     async fn push(&self, job: Job, _reserved: SemaphorePermit<'_>) -> Result<PushOutcome> {
         self.inner.check_writable()?;
-        self.submit(|r| Cmd::Push(job, r)).await
+        let cfg = &self.inner.cfg;
+        let bytes = job.bytes();
+        // A small push is quicker through a writer kept awake by `writer_spin`: on a virtual
+        // machine the spinning thread also keeps a core from halting, which the push's own
+        // wake-ups would otherwise pay for (the 1 K-float pair's median doubled without it).
+        let small = bytes <= writer::SMALL_GROUP_BYTES && !cfg.writer_spin.is_zero();
+        let inline = matches!(job, Job::Dense(..))
+            && !small
+            && bytes <= cfg.inline_push_bytes
+            && !cfg.sync
+            && self.tx.capacity() == self.tx.max_capacity();
+        if !inline {
+            return self.submit(|r| Cmd::Push(job, r)).await;
+        }
+        let (reply, answer) = oneshot::channel();
+        for (job, reply) in self.inner.commit_inline(job, reply) {
+            // Its record needs room freed first: the writer's work. If the writer has
+            // stopped, `reply` is dropped and the answer below is `ShuttingDown`.
+            let _ = self.tx.send(Cmd::Push(job, reply)).await;
+        }
+        answer.await.map_err(|_| EngineError::ShuttingDown)?
     }
 }
 
