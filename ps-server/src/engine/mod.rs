@@ -452,10 +452,18 @@ impl<S: Store> Engine<S> {
             return self.submit(|r| Cmd::Push(job, r)).await;
         }
         let (reply, answer) = oneshot::channel();
-        for (job, reply) in self.inner.commit_inline(job, reply) {
-            // Its record needs room freed first: the writer's work. If the writer has
-            // stopped, `reply` is dropped and the answer below is `ShuttingDown`.
-            let _ = self.tx.send(Cmd::Push(job, reply)).await;
+        let for_writer = self.inner.commit_inline(job, reply);
+        if !for_writer.is_empty() {
+            // Their record needs room freed first: the writer's work. They may be other
+            // callers' pushes, so they are sent from a task of their own, which this call's
+            // cancellation does not drop. If the writer has stopped, a reply is dropped and its
+            // answer is `ShuttingDown`.
+            let tx = self.tx.clone();
+            tokio::spawn(async move {
+                for (job, reply) in for_writer {
+                    let _ = tx.send(Cmd::Push(job, reply)).await;
+                }
+            });
         }
         answer.await.map_err(|_| EngineError::ShuttingDown)?
     }
