@@ -1,5 +1,7 @@
-//! The writer thread: every mutation goes through it. It takes every queued push at once (up
-//! to `group_commit_bytes`), applies them to the hot layer, writes the gradients it applied
+//! The writer thread, and the turn it shares: every mutation is committed by whoever holds the
+//! turn, the writer or (for a dense push while the writer is idle) the handler that received
+//! it ([`Inner::commit_inline`]). A commit takes every queued push at once (up to
+//! `group_commit_bytes`), applies them to the hot layer, writes the gradients it applied
 //! (dense chunks, rows written back) to the push log and its push ids (and rows written
 //! through) to one store batch, and answers the callers only after both writes: one durable
 //! write serves many pushes.
