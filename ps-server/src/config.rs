@@ -141,8 +141,9 @@ pub struct ServerConfig {
     pub group_commit_bytes: usize,
     /// How long the writer stays awake for the next push after a small group.
     pub writer_spin: std::time::Duration,
-    /// Dense pushes of at most this many bytes are applied by the connection that received
-    /// them when the writer is idle, instead of being handed to the writer thread; 0: never.
+    /// Dense pushes of more than 64 KiB and at most this many bytes are committed by the
+    /// connection that received them when the writer is idle, instead of being handed to the
+    /// writer thread; 0: never.
     pub inline_push_bytes: usize,
     pub max_queued_bytes: usize,
     /// Memory for the per-client replicas that delta pulls diff against.

@@ -140,11 +140,15 @@ impl<S: Store> Inner<S> {
             return true;
         };
         let (_, room) = self.image_room(log);
-        len <= log.max_record()
-            && log.fits(len + room)
-            && log
-                .bodies()
-                .is_none_or(|ring| ring.held_by_records() <= ring.capacity() / 4 * 3)
+        len <= log.max_record() && log.fits(len + room) && !Self::ring_needs_freeing(log)
+    }
+
+    /// The body ring is freed only as the dense cells' stored position moves past the records
+    /// that point into it: once they hold three quarters of it, an image (or a snapshot) must
+    /// move it.
+    fn ring_needs_freeing(log: &PushLog) -> bool {
+        log.bodies()
+            .is_some_and(|ring| ring.held_by_records() > ring.capacity() / 4 * 3)
     }
 
     /// Decides where a group's dense gradients and written-back sparse rows go: the log
@@ -186,12 +190,9 @@ impl<S: Store> Inner<S> {
                 }
             }
         }
-        // The body ring is freed only as the dense cells' stored position moves past the
-        // records that point into it: once they hold three quarters of it, an image (or, when
-        // the cells are too many for one, a snapshot) moves it.
-        if let Some(ring) = log.bodies()
-            && ring.held_by_records() > ring.capacity() / 4 * 3
-        {
+        // An image moves the body ring's held part (or, when the cells are too many for one, a
+        // snapshot).
+        if Self::ring_needs_freeing(log) {
             if room > 0 && log.fits(len + room) {
                 self.write_image(log, image)?;
             } else {

@@ -94,9 +94,9 @@ pub struct EngineConfig {
     /// How long the writer polls for the next push after a group of at most 64 KiB before it
     /// sleeps (`writer.rs`); zero: it sleeps at once.
     pub writer_spin: std::time::Duration,
-    /// Dense pushes of at most this many bytes are committed by the task that received them
-    /// when the writer is idle (`writer.rs`, [`Inner::commit_inline`]); 0: every push goes
-    /// through the writer thread.
+    /// Dense pushes of at most this many bytes (and more than 64 KiB while `writer_spin` is
+    /// on) are committed by the task that received them when the writer is idle (`writer.rs`,
+    /// [`Inner::commit_inline`]); 0: every push goes through the writer thread.
     pub inline_push_bytes: usize,
     /// Most bytes of pushes queued for the writer; callers wait beyond it.
     pub max_queued_bytes: usize,
