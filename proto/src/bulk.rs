@@ -23,6 +23,9 @@ pub const PUSH_DENSE: u32 = 1;
 pub const PULL_DENSE: u32 = 2;
 /// Request kind of a `PushSparse` call.
 pub const PUSH_SPARSE: u32 = 3;
+/// Request kind of a `PushPullDense` call: a `PushDense` answered with its chunks' values
+/// after the push (`PushPullDenseResponse`), on the bulk stream only.
+pub const PUSH_PULL_DENSE: u32 = 4;
 /// The gRPC method a bulk `PushDense` stands for: the name its spans carry on both sides.
 pub const PUSH_DENSE_PATH: &str = "/ps.v1.ParameterServer/PushDense";
 /// The gRPC method a bulk `PullDense` stands for.

@@ -4,7 +4,8 @@
 //! method, so validation, exactly-once, metrics and errors are the gRPC path's; only the
 //! transport differs. A pushed body is read once from the socket into the buffer the engine
 //! logs and applies from; a pulled answer is written from the engine's buffers straight to the
-//! socket.
+//! socket. A `PushPullDense` is a `PushDense` followed, once acknowledged, by the `PullDense`
+//! of its chunks, answered together: one exchange where a training step would make two.
 
 use std::collections::HashMap;
 use std::io;
@@ -20,7 +21,7 @@ use ps_core::wire::reason;
 use ps_proto::bulk::{self, Head, PULL_DENSE_PATH, PUSH_DENSE_PATH, PUSH_SPARSE_PATH};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_server::ParameterServer;
-use ps_runtime::auth::{Admission, Auth};
+use ps_runtime::auth::{Admission, Auth, Caller};
 use ps_runtime::status::{invalid_field, refusal};
 use ps_runtime::tls::{Peer, PeerConn, ServerTls};
 use ps_runtime::trace;
@@ -29,7 +30,7 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tonic::{Code, Request, Status};
+use tonic::{Code, Request, Response, Status};
 
 use crate::body_ring::{self, BodyRing};
 use crate::service::PsService;
@@ -256,7 +257,7 @@ async fn call<S: Store>(
 ) -> io::Result<Answer> {
     let timeout = limits.frame_timeout;
     match head.kind {
-        bulk::PUSH_DENSE => {
+        bulk::PUSH_DENSE | bulk::PUSH_PULL_DENSE => {
             let checked = push_header(head, header, limits.max_request_bytes);
             // A large body goes straight into the push log's body ring (`body_ring.rs`).
             let ring = svc
@@ -270,9 +271,34 @@ async fn call<S: Store>(
                     Ok(push) => push,
                     Err(refused) => return Ok(Err(refused)),
                 };
+            // What pulls the pushed chunks back, taken before the push is handed over.
+            let then_pull = (head.kind == bulk::PUSH_PULL_DENSE).then(|| pull_of(&push.req));
             let answer = svc.push_dense(push.req);
-            let answer = trace::serve_bulk(PUSH_DENSE_PATH, &push.parent, answer).await;
-            Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
+            let pushed = match trace::serve_bulk(PUSH_DENSE_PATH, &push.parent, answer).await {
+                Ok(r) => r.into_inner(),
+                Err(refused) => return Ok(Err(refused)),
+            };
+            let Some(pull) = then_pull else {
+                return Ok(Ok((pushed.encode_to_vec(), Vec::new())));
+            };
+            // The push is acknowledged whatever the pull does: a pull that fails leaves the
+            // answer without values, and the client pulls them by themselves.
+            let answer = trace::serve_bulk(PULL_DENSE_PATH, &push.parent, svc.pull_dense(pull));
+            let (pull, body) = match answer.await.map(Response::into_inner) {
+                Ok(mut r) => {
+                    let body = bulk::take_slice_data(&mut r.slices);
+                    (Some(r), body)
+                }
+                Err(s) => {
+                    tracing::debug!(status = %s, "a pushed chunks' pull failed; answered without");
+                    (None, Vec::new())
+                }
+            };
+            let answer = pb::PushPullDenseResponse {
+                push: Some(pushed),
+                pull,
+            };
+            Ok(Ok((answer.encode_to_vec(), body)))
         }
         bulk::PUSH_SPARSE => {
             let checked = sparse_push_header(head, header, limits.max_request_bytes);
@@ -323,7 +349,7 @@ async fn call<S: Store>(
                 reason::NOT_ON_BULK_STREAM,
                 format!(
                     "bulk method {other} is unknown to this shard (1 PushDense, 2 PullDense, \
-                     3 PushSparse)"
+                     3 PushSparse, 4 PushPullDense)"
                 ),
                 [("method", other.to_string())],
             )))
@@ -452,6 +478,25 @@ async fn push_call<'a, T: BulkPush>(
         _admitted: admission,
         _held: held,
     }))
+}
+
+/// The pull of the chunks `push` carries, plain f32, as its caller (admitted for the push,
+/// which any caller allowed to push is allowed to pull) would send it.
+fn pull_of(push: &Request<pb::PushDenseRequest>) -> Request<pb::PullDenseRequest> {
+    let p = push.get_ref();
+    let mut pull = Request::new(pb::PullDenseRequest {
+        table: p.table.clone(),
+        chunks: p.slices.iter().map(|s| s.chunk).collect(),
+        accept: pb::Encoding::F32 as i32,
+        map_epoch: p.map_epoch,
+        delta: None,
+        trace_context: HashMap::new(),
+        authorization: String::new(),
+    });
+    if let Some(caller) = push.extensions().get::<Caller>() {
+        pull.extensions_mut().insert(caller.clone());
+    }
+    pull
 }
 
 /// A push's header, checked against its body before the body is read.

@@ -763,7 +763,7 @@ fn bulk_refused(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_stream() {
-    use ps_proto::bulk::{PULL_DENSE, PUSH_DENSE};
+    use ps_proto::bulk::{PULL_DENSE, PUSH_DENSE, PUSH_PULL_DENSE};
     let mut shard = start(1 << 20).await;
     let c = &mut shard.client;
     let info = c
@@ -834,6 +834,26 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
     assert_eq!(code, 0);
     let again: pb::PushResponse = prost::Message::decode(header.as_slice()).unwrap();
     assert!(again.duplicate);
+    // Again as a push-and-pull: a duplicate still, answered with its chunks' values after the
+    // push (SGD at rate 1 from zeros: the gradient negated), slice after slice.
+    let (code, header, body) = bulk_call(&mut sock, PUSH_PULL_DENSE, &good, &grad).await;
+    assert_eq!(code, 0);
+    let both: pb::PushPullDenseResponse = prost::Message::decode(header.as_slice()).unwrap();
+    assert!(both.push.unwrap().duplicate);
+    let pulled = both.pull.expect("the pushed chunks pulled");
+    assert_eq!(
+        pulled.slices.iter().map(|s| s.chunk).collect::<Vec<_>>(),
+        chunks
+    );
+    let got: Vec<f32> = body
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let want: Vec<f32> = chunks
+        .iter()
+        .flat_map(|&c| [-(c as f32), -0.5, 2.0, -4.0])
+        .collect();
+    assert_eq!(got, want);
 
     // The bulk pull answers what gRPC answers, as raw little-endian f32 after the header.
     let pull = pb::PullDenseRequest {
@@ -901,12 +921,15 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
         ),
     ];
     for (code, reason, hint, req, body) in bad_pushes {
-        bulk_refused(
-            code,
-            reason,
-            hint,
-            bulk_call(&mut sock, PUSH_DENSE, &req, &[body]).await,
-        );
+        // Refused alike as a push and as a push-and-pull (which then pulls nothing).
+        for kind in [PUSH_DENSE, PUSH_PULL_DENSE] {
+            bulk_refused(
+                code,
+                reason,
+                hint,
+                bulk_call(&mut sock, kind, &req, std::slice::from_ref(&body)).await,
+            );
+        }
     }
     // 2 MiB of values against a 1 MiB limit: refused, its body read and dropped.
     let mut big = push("big", push_id(), &[0, 1], pb::Encoding::F32);
@@ -945,8 +968,8 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
         .await
         .unwrap()
         .into_inner();
-    assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (1, 1));
-    assert_eq!(stats.bulk_calls, 12);
+    assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (1, 2));
+    assert_eq!(stats.bulk_calls, 18);
 
     // A stream that is not speaking the bulk framing is closed.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

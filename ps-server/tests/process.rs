@@ -1413,9 +1413,9 @@ async fn a_slow_bulk_sender_with_a_byte_within_the_frame_timeout_is_read_and_app
 
 /// Dense pushes committed on the connections' threads while the writer is idle (the combining
 /// queue, `inline_push_bytes`) are as durable and exactly-once as the writer's: three clients
-/// push at once into a small log (so that images, the writer's work, interleave with them),
-/// the shard is killed with -9 among their pushes and restarted, and every push is applied
-/// once. With `inline_push_bytes = 0` every push goes through the writer.
+/// push at once into a small log (so that images, the writer's work, interleave with them;
+/// one client pulls with each push, in one exchange), the shard is killed with -9 among their
+/// pushes and restarted, and every push is applied once. With `inline_push_bytes = 0` every push goes through the writer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dense_pushes_committed_inline_survive_kill_9_exactly_once() {
     const N: usize = 300_000;
@@ -1443,8 +1443,19 @@ async fn dense_pushes_committed_inline_survive_kill_9_exactly_once() {
         let ps = PsClient::connect(cfg).await.unwrap();
         let acked = acked.clone();
         pushers.push(tokio::spawn(async move {
-            for _ in 0..PUSHES {
-                ps.push_dense("w", &vec![-1.0; N]).await.unwrap();
+            let mut out = vec![0.0f32; N];
+            for step in 1..=PUSHES {
+                if k == 2 {
+                    // Pushes and pulls in one exchange each (the bulk stream's push-and-pull):
+                    // every value pulled holds at least this client's own pushes.
+                    ps.push_pull_dense("w", &vec![-1.0; N], &mut out)
+                        .await
+                        .unwrap();
+                    let least = out.iter().copied().fold(f32::MAX, f32::min);
+                    assert!(least >= step as f32, "step {step}: {least}");
+                } else {
+                    ps.push_dense("w", &vec![-1.0; N]).await.unwrap();
+                }
                 acked.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             }
         }));

@@ -1038,14 +1038,14 @@ async fn a_refused_push_gives_its_part_back_and_one_of_unknown_fate_does_not() {
 
 /// `push_pull_dense` pulls each request's chunks once their push is acknowledged: over two
 /// shards and many small requests, every chunk it pulls holds the push itself, exactly as a
-/// push then a pull would read; concurrent clients each see their own pushes; a buffer of the
+/// push then a pull would read, plain f32 in one bulk exchange per request; concurrent clients each see their own pushes; a buffer of the
 /// wrong length is refused before anything is pushed; fp16 pulls come back as `pull_dense`
 /// reads them, and a delta pull codec's pull follows the whole push.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn push_pull_dense_pulls_each_chunk_after_its_own_push() {
     let cluster = TestCluster::start(2).await;
-    // Requests of at most 8 chunks of 1,000 values: 50 chunks make 7 requests, in flight
-    // at once, so pulls of the first overlap pushes of the last.
+    // Requests of at most 8 chunks of 1,000 values: each shard's 25 chunks make 4 requests,
+    // 8 in all, in flight at once, so pulls of the first overlap pushes of the last.
     let mut cfg = ClientConfig::new(cluster.endpoints.clone());
     cfg.max_request_bytes = 32_000;
     let ps = PsClient::connect(cfg.clone()).await.unwrap();
@@ -1056,6 +1056,9 @@ async fn push_pull_dense_pulls_each_chunk_after_its_own_push() {
     let g1 = gradient(n, 3);
     let g2 = gradient(n, 4);
     ps.push_dense("pp", &g1).await.unwrap();
+    let bulk_calls =
+        async || -> u64 { ps.stats().await.unwrap().iter().map(|s| s.bulk_calls).sum() };
+    let (calls, asked) = (bulk_calls().await, ps.pull_request_bytes());
     let mut out = vec![9.0f32; n];
     let summary = ps.push_pull_dense("pp", &g2, &mut out).await.unwrap();
     assert_eq!(summary.applied_values, n as u64);
@@ -1063,6 +1066,11 @@ async fn push_pull_dense_pulls_each_chunk_after_its_own_push() {
     // SGD with lr 1 from zeros, bit for bit: w = (0 - g1) - g2.
     let want: Vec<f32> = g1.iter().zip(&g2).map(|(a, b)| (0.0 - a) - b).collect();
     assert!(out == want, "the pulled tensor is not the pushed one");
+    // Plain f32 both ways: each request's push and pull made one bulk exchange (a
+    // push-and-pull), 8 in all, and no pull request was sent.
+    assert_eq!(bulk_calls().await - calls, 8);
+    assert_eq!(ps.pull_request_bytes(), asked);
+    assert_eq!(ps.pulled_bytes().1, n as u64 * 4);
     assert_eq!(ps.pull_dense("pp").await.unwrap(), want);
 
     // A buffer of another length: refused, nothing pushed, the buffer untouched.
@@ -1129,7 +1137,12 @@ async fn push_pull_dense_pulls_each_chunk_after_its_own_push() {
         },
     )
     .unwrap();
+    let asked = ps.pull_request_bytes();
     ps.push_pull_dense("pp", &g1, &mut out).await.unwrap();
+    assert!(
+        ps.pull_request_bytes() > asked,
+        "fp16 pulls are asked for by themselves"
+    );
     assert_eq!(out, ps.pull_dense("pp").await.unwrap());
     let exact = ps.pull_dense_f32("pp").await.unwrap();
     assert!(

@@ -1,7 +1,7 @@
 //! The client side of a shard's bulk stream (`ps_proto::bulk`): plain-f32 dense pushes and
-//! pulls and sparse pushes over raw TCP connections, one call per connection at a time,
-//! connections kept for the next call. A pull's values are read from the socket straight into
-//! the caller's tensor.
+//! pulls (a push and the pull of its chunks in one exchange too) and sparse pushes over raw
+//! TCP connections, one call per connection at a time, connections kept for the next call. A
+//! pull's values are read from the socket straight into the caller's tensor.
 //!
 //! Failures read as gRPC's do, so the caller's retry and exactly-once logic stays the same: a
 //! shard's refusal is its status; a connection that breaks under a call is `unavailable` (a
@@ -54,6 +54,9 @@ pub(crate) struct BulkPool {
     /// The shard answered a bulk sparse push `unimplemented` (it is older than them): sparse
     /// pushes go through gRPC.
     no_sparse: AtomicBool,
+    /// The shard answered a push-and-pull `unimplemented` (it is older than them): a push and
+    /// a pull are sent instead.
+    no_push_pull: AtomicBool,
 }
 
 /// A destination of pulled values: one chunk's place in the caller's tensor.
@@ -78,6 +81,7 @@ impl BulkPool {
             retry_at: Mutex::new(None),
             wants_port: AtomicBool::new(port.is_none()),
             no_sparse: AtomicBool::new(false),
+            no_push_pull: AtomicBool::new(false),
         })
     }
 
@@ -152,6 +156,83 @@ impl BulkPool {
         req.authorization = self.authorization();
         self.push(bulk::PUSH_DENSE, &req.encode_to_vec(), body, span)
             .await
+    }
+
+    /// Pushes `req` as [`BulkPool::push_dense`] does and, in the same exchange, reads the
+    /// pushed chunks' values after the push into `dsts` (one per slice, in slice order). With
+    /// the answer comes whether they were read: not when the shard could not read them, or is
+    /// older than the method (the call was then a plain push); they are then to be pulled.
+    /// `Ok(None)`: no connection could be made; send it through gRPC.
+    pub(crate) async fn push_pull_dense(
+        &self,
+        req: pb::PushDenseRequest,
+        body: &[&[u8]],
+        dsts: &mut [Dst<'_>],
+    ) -> Result<Option<(pb::PushResponse, bool)>, Status> {
+        let unpulled = |a: Option<pb::PushResponse>| a.map(|r| (r, false));
+        if self.no_push_pull.load(Ordering::Relaxed) {
+            return self.push_dense(req, body).await.map(unpulled);
+        }
+        let span = trace::client_span(bulk::PUSH_DENSE_PATH, &self.addr());
+        let header = pb::PushDenseRequest {
+            trace_context: trace::context_map(&span),
+            authorization: self.authorization(),
+            ..req.clone()
+        }
+        .encode_to_vec();
+        let answer = self
+            .push_pull_untraced(&header, body, dsts)
+            .instrument(span.clone())
+            .await;
+        trace::record_status(
+            &span,
+            answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
+        );
+        match answer {
+            // A shard that does not know the method applied nothing.
+            Err(s) if s.code() == Code::Unimplemented => {
+                self.no_push_pull.store(true, Ordering::Relaxed);
+                self.push_dense(req, body).await.map(unpulled)
+            }
+            answer => answer,
+        }
+    }
+
+    async fn push_pull_untraced(
+        &self,
+        header: &[u8],
+        body: &[&[u8]],
+        dsts: &mut [Dst<'_>],
+    ) -> Result<Option<(pb::PushResponse, bool)>, Status> {
+        let Some(mut s) = self.stream().await else {
+            return Ok(None);
+        };
+        let answered = self
+            .timed(async {
+                bulk::write_frame_parts(&mut s, bulk::PUSH_PULL_DENSE, header, body).await?;
+                let (body_len, answer) = read_answer(&mut s).await?;
+                let header = match answer {
+                    Ok(h) => h,
+                    Err(status) => return Ok(Err(status)),
+                };
+                let resp = pb::PushPullDenseResponse::decode(header.as_slice())
+                    .map_err(|e| protocol(format!("push-and-pull answer does not decode: {e}")))?;
+                let push = resp
+                    .push
+                    .ok_or_else(|| protocol("a push-and-pull answer without its push"))?;
+                let Some(pull) = resp.pull else {
+                    if body_len != 0 {
+                        return Err(protocol("an answer with values but no pull"));
+                    }
+                    return Ok(Ok((push, false)));
+                };
+                read_pulled(&mut s, &pull, body_len, dsts).await?;
+                Ok(Ok((push, true)))
+            })
+            .await
+            .map_err(|e| self.broken(e))?;
+        self.keep(s);
+        answered.map(Some)
     }
 
     /// Pushes `req`, whose values (plain f32) are left out: `body` holds them. `req` is left
@@ -272,11 +353,7 @@ impl BulkPool {
                 };
                 let resp = pb::PullDenseResponse::decode(header.as_slice())
                     .map_err(|e| protocol(format!("pull answer does not decode: {e}")))?;
-                check_pull(&resp, body_len, dsts).map_err(protocol)?;
-                for (_, dst) in dsts.iter_mut() {
-                    s.read_body(bytemuck::cast_slice_mut(dst)).await?;
-                    from_le(dst);
-                }
+                read_pulled(&mut s, &resp, body_len, dsts).await?;
                 Ok(Ok(()))
             })
             .await
@@ -334,6 +411,22 @@ async fn read_answer(s: &mut Conn) -> io::Result<(u64, Result<Vec<u8>, Status>)>
     let code = i32::try_from(head.kind).map_or(tonic::Code::Unknown, tonic::Code::from_i32);
     let message = String::from_utf8_lossy(&header).into_owned();
     Ok((0, Err(Status::with_details(code, message, details.into()))))
+}
+
+/// Reads a pull answer's body, `body_len` bytes of the values `resp` describes, into `dsts`,
+/// once the answer is checked against them.
+async fn read_pulled(
+    s: &mut Conn,
+    resp: &pb::PullDenseResponse,
+    body_len: u64,
+    dsts: &mut [Dst<'_>],
+) -> io::Result<()> {
+    check_pull(resp, body_len, dsts).map_err(protocol)?;
+    for (_, dst) in dsts.iter_mut() {
+        s.read_body(bytemuck::cast_slice_mut(dst)).await?;
+        from_le(dst);
+    }
+    Ok(())
 }
 
 /// Checks that a pull's answer is what was asked: one plain-f32 slice per requested chunk, in

@@ -3,7 +3,7 @@
 //! a pull reassembled in place. Plain f32 goes over a shard's bulk stream where it has one.
 
 use std::ops::Range;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
 use futures::stream::{self, StreamExt, TryStreamExt};
@@ -175,10 +175,11 @@ impl PsClient {
         // f32, which travels by the bulk stream where the shard has one; and where in `grad`
         // the values of each borrowed slice are (sent from there, never copied for the bulk
         // stream; copied into the payload only for gRPC).
-        type Call = (Vec<pb::DenseSlice>, bool, Vec<Option<Range<usize>>>);
+        type Call = (usize, Vec<pb::DenseSlice>, bool, Vec<Option<Range<usize>>>);
         let calls: Vec<(usize, Call)> = requests
             .iter()
-            .map(|(shard, slices)| {
+            .enumerate()
+            .map(|(i, (shard, slices))| {
                 let wire: Vec<pb::DenseSlice> = slices
                     .iter()
                     .map(|(c, _, e)| {
@@ -198,7 +199,7 @@ impl PsClient {
                         is_borrowed(e).then(|| abs.start - base as usize..abs.end - base as usize)
                     })
                     .collect();
-                (*shard, (wire, plain, borrowed))
+                (*shard, (i, wire, plain, borrowed))
             })
             .collect();
         // With a pull: each request's chunks, their places in `pull_into`, and how they are
@@ -222,12 +223,24 @@ impl PsClient {
             }
             None => Vec::new(),
         };
+        // A plain-f32 request whose chunks are pulled as plain f32 in one request goes as a
+        // push-and-pull by the bulk stream: one exchange where there would be two. Which
+        // requests had their chunks pulled that way:
+        let fused: Vec<AtomicBool> = pulls.iter().map(|_| AtomicBool::new(false)).collect();
+        let fusable = |i: usize| {
+            accept == ps_core::Encoding::F32
+                && requests[i].1.iter().map(|(_, r, _)| r.len()).sum::<usize>() <= max_pulled
+        };
         let pull_after = |i: usize| {
             let (table, pull_name, pulls, requests) = (&table, &pull_name, &pulls, &requests);
+            let fused = &fused;
             async move {
                 let Some(dsts) = pulls.get(i) else {
                     return Ok(());
                 };
+                if fused[i].load(Ordering::Relaxed) {
+                    return Ok(());
+                }
                 let shard = requests[i].0;
                 let mut dsts = dsts.lock().await;
                 let mut rest: &mut [bulk::Dst<'_>] = &mut dsts;
@@ -254,7 +267,7 @@ impl PsClient {
             .inner
             .push_each_then(
                 calls,
-                |mut s, (slices, plain, borrowed), push_id, map_epoch| {
+                |mut s, (i, slices, plain, borrowed), push_id, map_epoch| {
                     let mut req = pb::PushDenseRequest {
                         table: table.clone(),
                         push_id: Some(push_id),
@@ -263,6 +276,7 @@ impl PsClient {
                         trace_context: Default::default(),
                         authorization: String::new(),
                     };
+                    let (pulls, fused, pull_name, table) = (&pulls, &fused, &pull_name, &table);
                     async move {
                         if plain && let Some(bulk) = s.bulk() {
                             let mut header = req.clone();
@@ -272,7 +286,23 @@ impl PsClient {
                                 .zip(&borrowed)
                                 .map(|(d, b)| b.as_ref().map_or(d.as_ref(), |r| bytes_of(grad, r)))
                                 .collect();
-                            if let Some(answer) = bulk.push_dense(header, &body).await? {
+                            let answer = match pulls.get(i).filter(|_| fusable(i)) {
+                                Some(dsts) => {
+                                    let mut dsts = dsts.lock().await;
+                                    let answer = bulk.push_pull_dense(header, &body, &mut dsts);
+                                    answer.await?.map(|(answer, pulled)| {
+                                        if pulled {
+                                            fused[i].store(true, Ordering::Relaxed);
+                                            let n: u64 =
+                                                dsts.iter().map(|(_, d)| d.len() as u64).sum();
+                                            self.inner.count_pull(table, pull_name, n * 4, n);
+                                        }
+                                        answer
+                                    })
+                                }
+                                None => bulk.push_dense(header, &body).await?,
+                            };
+                            if let Some(answer) = answer {
                                 return Ok(answer);
                             }
                         }

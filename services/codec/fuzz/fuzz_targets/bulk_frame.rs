@@ -30,7 +30,7 @@ fuzz_target!(|data: &[u8]| {
     };
     assert_eq!(header.len(), head.header_len as usize);
     match head.kind {
-        bulk::PUSH_DENSE => {
+        bulk::PUSH_DENSE | bulk::PUSH_PULL_DENSE => {
             if let Ok(req) = pb::PushDenseRequest::decode(&header[..]) {
                 if let Ok(len) = bulk::f32_body_len(&req.slices) {
                     // What the shard compares with the frame's body length.
