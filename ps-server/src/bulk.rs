@@ -272,7 +272,9 @@ async fn call<S: Store>(
                     Err(refused) => return Ok(Err(refused)),
                 };
             // What pulls the pushed chunks back, taken before the push is handed over.
-            let then_pull = (head.kind == bulk::PUSH_PULL_DENSE).then(|| pull_of(&push.req));
+            let then_pull = (head.kind == bulk::PUSH_PULL_DENSE)
+                .then(|| pull_of(&push.req))
+                .flatten();
             let answer = svc.push_dense(push.req);
             let pushed = match trace::serve_bulk(PUSH_DENSE_PATH, &push.parent, answer).await {
                 Ok(r) => r.into_inner(),
@@ -480,9 +482,16 @@ async fn push_call<'a, T: BulkPush>(
     }))
 }
 
-/// The pull of the chunks `push` carries, plain f32, as its caller (admitted for the push,
-/// which any caller allowed to push is allowed to pull) would send it.
-fn pull_of(push: &Request<pb::PushDenseRequest>) -> Request<pb::PullDenseRequest> {
+/// The pull of the chunks `push` carries, plain f32, as its caller (admitted for the push)
+/// would send it; `None` when the caller's role may not pull (none that may push is refused
+/// today), so that the answer carries no values and the client's own pull is refused.
+fn pull_of(push: &Request<pb::PushDenseRequest>) -> Option<Request<pb::PullDenseRequest>> {
+    let caller = Caller::of(push);
+    if let Some(role) = caller.role()
+        && !ps_runtime::auth::allowed(PULL_DENSE_PATH).is_some_and(|r| r.contains(&role))
+    {
+        return None;
+    }
     let p = push.get_ref();
     let mut pull = Request::new(pb::PullDenseRequest {
         table: p.table.clone(),
@@ -493,10 +502,8 @@ fn pull_of(push: &Request<pb::PushDenseRequest>) -> Request<pb::PullDenseRequest
         trace_context: HashMap::new(),
         authorization: String::new(),
     });
-    if let Some(caller) = push.extensions().get::<Caller>() {
-        pull.extensions_mut().insert(caller.clone());
-    }
-    pull
+    pull.extensions_mut().insert(caller);
+    Some(pull)
 }
 
 /// A push's header, checked against its body before the body is read.

@@ -174,6 +174,16 @@ async fn tls_and_mutual_tls_refuse_untrusted_peers_and_certificates_rotate_witho
         bulk_calls().await > pushed,
         "the pull went by the bulk stream"
     );
+    // A step's push and pull in one bulk exchange, admitted by the certificate's name.
+    let before = bulk_calls().await;
+    let mut out = vec![0.0f32; g.len()];
+    ps.push_pull_dense("t", &g, &mut out).await.unwrap();
+    assert!(
+        out.iter().zip(&g).all(|(w, g)| (w + 2.0 * g).abs() < 1e-5),
+        "{:?}",
+        &out[..4]
+    );
+    assert_eq!(bulk_calls().await - before, 1, "one push-and-pull exchange");
 
     // Refused: no client certificate, a client certificate of another CA, a client that
     // trusts another CA, plaintext.
