@@ -425,6 +425,14 @@ class PushResponse(_message.Message):
     skipped_non_finite: int
     def __init__(self, duplicate: _Optional[bool] = ..., applied_values: _Optional[int] = ..., skipped_non_finite: _Optional[int] = ...) -> None: ...
 
+class PushPullDenseResponse(_message.Message):
+    __slots__ = ("push", "pull")
+    PUSH_FIELD_NUMBER: _ClassVar[int]
+    PULL_FIELD_NUMBER: _ClassVar[int]
+    push: PushResponse
+    pull: PullDenseResponse
+    def __init__(self, push: _Optional[_Union[PushResponse, _Mapping]] = ..., pull: _Optional[_Union[PullDenseResponse, _Mapping]] = ...) -> None: ...
+
 class ShardInfoRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
