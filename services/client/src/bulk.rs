@@ -180,15 +180,7 @@ impl BulkPool {
             ..req.clone()
         }
         .encode_to_vec();
-        let answer = self
-            .push_pull_untraced(&header, body, dsts)
-            .instrument(span.clone())
-            .await;
-        trace::record_status(
-            &span,
-            answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
-        );
-        match answer {
+        match traced(span, self.push_pull_untraced(&header, body, dsts)).await {
             // A shard that does not know the method applied nothing.
             Err(s) if s.code() == Code::Unimplemented => {
                 self.no_push_pull.store(true, Ordering::Relaxed);
@@ -271,15 +263,7 @@ impl BulkPool {
         body: &[&[u8]],
         span: tracing::Span,
     ) -> Result<Option<pb::PushResponse>, Status> {
-        let answer = self
-            .push_untraced(kind, header, body)
-            .instrument(span.clone())
-            .await;
-        trace::record_status(
-            &span,
-            answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
-        );
-        answer
+        traced(span, self.push_untraced(kind, header, body)).await
     }
 
     async fn push_untraced(
@@ -323,15 +307,7 @@ impl BulkPool {
             authorization: self.authorization(),
             ..req.clone()
         };
-        let answer = self
-            .pull_dense_untraced(&req, dsts)
-            .instrument(span.clone())
-            .await;
-        trace::record_status(
-            &span,
-            answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
-        );
-        answer
+        traced(span, self.pull_dense_untraced(&req, dsts)).await
     }
 
     async fn pull_dense_untraced(
@@ -386,6 +362,19 @@ impl BulkPool {
             _ => Status::unavailable(format!("bulk stream to {addr} broke: {e}")),
         }
     }
+}
+
+/// Runs one call under its client span and records its outcome there.
+async fn traced<T>(
+    span: tracing::Span,
+    call: impl Future<Output = Result<T, Status>>,
+) -> Result<T, Status> {
+    let answer = call.instrument(span.clone()).await;
+    trace::record_status(
+        &span,
+        answer.as_ref().map_or_else(Status::code, |_| Code::Ok),
+    );
+    answer
 }
 
 fn protocol(msg: impl Into<String>) -> io::Error {
