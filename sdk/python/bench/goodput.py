@@ -6,8 +6,10 @@ size, and times push+pull round trips (a gradient of the whole table pushed, the
 from the Python client and from the Rust SDK (`ps-interop bench`, a separate process), in
 interleaved rounds. Goodput counts the f32 bytes of the push and of the pull. Prints a table
 with medians and the Python/Rust ratio (target: at least 0.7 with the bulk stream).
+`--fused` times both sides' `push_pull_dense` instead (a step's push and pull in one call; the
+halves are then not timed apart).
 
-    python sdk/python/bench/goodput.py [--sizes 1000000,16000000] [--rounds 3] [--shards 2]
+    python sdk/python/bench/goodput.py [--sizes 1000000,16000000] [--rounds 3] [--shards 2] [--fused]
 """
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5, help="round trips timed per round and side")
     ap.add_argument("--shards", type=int, default=2)
     ap.add_argument("--no-bulk", action="store_true", help="both sides through gRPC only")
+    ap.add_argument("--fused", action="store_true", help="time push_pull_dense steps on both sides")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     rows = []
@@ -52,6 +55,10 @@ def main() -> int:
             for _ in range(args.rounds):
                 for _ in range(args.reps):
                     t = time.perf_counter()
+                    if args.fused:
+                        ps.push_pull_dense(table, grad, w)
+                        py.append((time.perf_counter() - t, 0.0))
+                        continue
                     ps.push_dense(table, grad)
                     pushed = time.perf_counter() - t
                     ps.pull_dense_into(table, w)
@@ -59,26 +66,35 @@ def main() -> int:
                 cmd = [binary("ps-interop"), "bench", "--endpoints", ",".join(c.endpoints), "--table", table, "--rounds", str(args.reps + 1)]
                 if args.no_bulk:
                     cmd.append("--no-bulk")
+                if args.fused:
+                    cmd.append("--fused")
                 out = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 rs.extend(tuple(r) for r in json.loads(out.stdout)[1:])  # the first pays the connections
             rows.append((n, goodput(n, py), goodput(n, rs)))
         ps.close()
     transport = "gRPC only" if args.no_bulk else "bulk stream"
-    print(f"{transport}, medians of {args.rounds}x{args.reps} round trips; GB/s: push+pull (push, pull)")
+    if args.fused:
+        print(f"{transport}, push_pull_dense, medians of {args.rounds}x{args.reps} steps; GB/s: push+pull")
+    else:
+        print(f"{transport}, medians of {args.rounds}x{args.reps} round trips; GB/s: push+pull (push, pull)")
     print("| floats | shards | Python | Rust SDK | Python / Rust |")
     print("| --- | --- | --- | --- | --- |")
     for n, p, r in rows:
-        print(f"| {n:,} | {args.shards} | {p[0]:.2f} ({p[1]:.2f}, {p[2]:.2f}) | {r[0]:.2f} ({r[1]:.2f}, {r[2]:.2f}) | {p[0] / r[0]:.2f} |")
+        if args.fused:
+            print(f"| {n:,} | {args.shards} | {p[0]:.2f} | {r[0]:.2f} | {p[0] / r[0]:.2f} |")
+        else:
+            print(f"| {n:,} | {args.shards} | {p[0]:.2f} ({p[1]:.2f}, {p[2]:.2f}) | {r[0]:.2f} ({r[1]:.2f}, {r[2]:.2f}) | {p[0] / r[0]:.2f} |")
     return 0
 
 
 def goodput(n: int, times: list) -> tuple:
-    """GB/s of a push+pull round trip and of each half, from the medians."""
+    """GB/s of a push+pull round trip and of each half, from the medians (a half timed as 0,
+    as a fused step's pull is, reads 0)."""
     gb = 4 * n / 1e9
     push = statistics.median(t[0] for t in times)
     pull = statistics.median(t[1] for t in times)
     both = statistics.median(t[0] + t[1] for t in times)
-    return 2 * gb / both, gb / push, gb / pull
+    return 2 * gb / both, gb / push, gb / pull if pull else 0.0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 import psclient
 from psclient import codec as cd
 from psclient.client import _wire_ids
+from psclient.partition import table_hash
 
 from conftest import REPO, LocalCluster, Service, binary
 
@@ -49,6 +50,75 @@ def test_dense_push_pull_exact_over_both_transports(cluster: LocalCluster) -> No
             ps.pull_dense_into("w", np.zeros(9700, dtype=np.float64))
         bulk_calls = sum(st.bulk_calls for st in ps.stats())
         assert bulk_calls >= 4, "the plain-f32 calls went over the bulk stream"
+
+
+def test_push_pull_dense_pulls_each_request_in_its_push(cluster: LocalCluster) -> None:
+    # Requests of at most 8 chunks of 1,000 values: the 50 chunks (the last one short) make
+    # 7 requests over the two shards.
+    with psclient.Client(cluster.endpoints, max_request_bytes=32_000) as ps, psclient.Client(
+        cluster.endpoints, bulk=False
+    ) as grpc_only:
+        n = 49_500
+        ps.create_table(psclient.dense_table("pp", [n], optimizer=psclient.sgd(1.0), chunk_elems=1000))
+        g1, g2, g3 = grads(n, 3), grads(n, 4), grads(n, 5)
+        ps.push_dense("pp", g1)
+        owners = [ps.partitioner.shard_for_chunk(table_hash("pp"), c) for c in range(50)]
+        requests = sum(-(-owners.count(s) // 8) for s in (0, 1))
+        calls = sum(st.bulk_calls for st in ps.stats())
+        out = np.full(n, 9, dtype=np.float32)
+        summary = ps.push_pull_dense("pp", g2, out)
+        assert summary.applied_values == n and summary.duplicates == 0 and summary.requests == requests
+        # SGD with lr 1 from zeros, bit for bit.
+        want = (np.float32(0) - g1) - g2
+        assert out.tobytes() == want.tobytes()
+        # One bulk exchange per request (a push then a pull would make twice as many); the
+        # stats calls themselves go by gRPC.
+        assert sum(st.bulk_calls for st in ps.stats()) - calls == requests
+        # Over gRPC alone: a push, then a pull.
+        grpc_only.push_pull_dense("pp", g3, out)
+        want = want - g3
+        assert out.tobytes() == want.tobytes()
+        # Refused before anything is sent: a buffer of another length or type, a gradient of
+        # another length. Nothing pushed, the buffer untouched.
+        short = np.full(n - 1, 7, dtype=np.float32)
+        with pytest.raises(psclient.InvalidInput):
+            ps.push_pull_dense("pp", g2, short)
+        with pytest.raises(psclient.InvalidInput):
+            ps.push_pull_dense("pp", g2, np.zeros(n, dtype=np.float64))
+        with pytest.raises(psclient.InvalidInput):
+            ps.push_pull_dense("pp", g2[1:], out)
+        assert np.all(short == 7) and out.tobytes() == want.tobytes()
+        assert ps.pull_dense("pp").tobytes() == want.tobytes()
+        # Another pull codec: the push, then a pull under it.
+        ps.set_table_codec("pp", pull_codec="fp16")
+        calls = sum(st.bulk_calls for st in ps.stats())
+        ps.push_pull_dense("pp", g1, out)
+        want = want - g1
+        assert np.array_equal(out, want.astype(np.float16).astype(np.float32))
+        assert sum(st.bulk_calls for st in ps.stats()) - calls == requests  # the pushes alone
+
+        # Two clients stepping at once, pushing 1 and 2 everywhere (exact in f32): after a
+        # client's k-th step every value it pulled holds its own k pushes.
+        ps.create_table(psclient.dense_table("pp2", [n], optimizer=psclient.sgd(1.0), chunk_elems=1000))
+        failures: list = []
+
+        def stepper(v: float) -> None:
+            try:
+                with psclient.Client(cluster.endpoints, max_request_bytes=32_000) as c:
+                    grad, mine = np.full(n, v, dtype=np.float32), np.zeros(n, dtype=np.float32)
+                    for k in range(1, 16):
+                        c.push_pull_dense("pp2", grad, mine)
+                        assert mine.max() <= -k * v, f"step {k} of client {v}: a value lacks its own push"
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                failures.append(e)
+
+        threads = [threading.Thread(target=stepper, args=(v,)) for v in (1.0, 2.0)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not failures, failures
+        assert np.all(ps.pull_dense("pp2") == -45.0)
 
 
 def test_sparse_rows_sum_duplicates_and_read_the_initializer(cluster: LocalCluster) -> None:

@@ -70,12 +70,15 @@ enum Cmd {
     },
     /// Times `rounds` push+pull round trips of dense table `table` (a random gradient) and
     /// prints each round's push and pull seconds as a JSON array of pairs (the Python SDK's
-    /// goodput benchmark).
+    /// goodput benchmark). `--fused`: each round trip is one `push_pull_dense`, its time
+    /// given as the push's and the pull's as 0.
     Bench {
         #[command(flatten)]
         conn: Conn,
         #[arg(long, default_value_t = 5)]
         rounds: u32,
+        #[arg(long)]
+        fused: bool,
     },
     /// Pulls rows `ids` (u64 file) into `out` (f32).
     PullSparse {
@@ -130,7 +133,7 @@ async fn sdk(cmd: Cmd) -> Result<()> {
         Cmd::PullSparse { ids, out, .. } => {
             write_f32(out, &ps.pull_sparse(t, &read_u64(ids)?).await?)?;
         }
-        Cmd::Bench { rounds, .. } => {
+        Cmd::Bench { rounds, fused, .. } => {
             let mut w = ps.pull_dense(t).await?;
             let n = w.len();
             // Values lz4 cannot shrink, as a real gradient's: the push stays plain f32.
@@ -140,6 +143,12 @@ async fn sdk(cmd: Cmd) -> Result<()> {
             let mut secs = Vec::new();
             for _ in 0..*rounds {
                 let start = std::time::Instant::now();
+                if *fused {
+                    ps.push_pull_dense(t, &grad, &mut w).await?;
+                    secs.push([start.elapsed().as_secs_f64(), 0.0]);
+                    std::hint::black_box(&w);
+                    continue;
+                }
                 ps.push_dense(t, &grad).await?;
                 let pushed = start.elapsed().as_secs_f64();
                 // Into one buffer, as a training loop keeps its parameters.

@@ -1,5 +1,6 @@
-"""The client side of a shard's bulk stream: plain-f32 dense pushes and pulls over raw TCP
-(TLS when the client has it), without HTTP/2 framing. Framing (``ShardInfoResponse.bulk_port``
+"""The client side of a shard's bulk stream: plain-f32 dense pushes and pulls (a push and the
+pull of its chunks in one exchange too) over raw TCP (TLS when the client has it), without
+HTTP/2 framing. Framing (``ShardInfoResponse.bulk_port``
 in ``ps.proto``), integers little-endian::
 
     request: "PSB1" | method u32 | header_len u32 | body_len u64 | header | body
@@ -26,6 +27,7 @@ MAGIC = b"PSB1"
 HEAD = struct.Struct("<4sIIQ")
 PUSH_DENSE = 1
 PULL_DENSE = 2
+PUSH_PULL_DENSE = 4
 MAX_IDLE = 32
 # After a failed connect, calls go through gRPC for this long before the port is tried again.
 RETRY_AFTER = 5.0
@@ -62,6 +64,9 @@ class BulkPool:
         self._idle: List[socket.socket] = []
         self._lock = threading.Lock()
         self._retry_at = 0.0
+        # The shard answered a push-and-pull `unimplemented` (it is older than the method and
+        # applied nothing): a push and a pull are sent instead.
+        self.no_push_pull = False
 
     def _connect(self) -> Optional[socket.socket]:
         with self._lock:
@@ -106,6 +111,20 @@ class BulkPool:
         bulk port cannot be reached now or the shard says the call belongs on gRPC: send it
         through gRPC. A refusal raises its typed error; a connection that breaks under the
         call raises :class:`BrokenConnection`."""
+        answered = self.call_maybe_body(method, header, body, into, body_optional=False)
+        return None if answered is None else answered[0]
+
+    def call_maybe_body(
+        self,
+        method: int,
+        header: bytes,
+        body: Sequence[memoryview],
+        into: Sequence[memoryview],
+        *,
+        body_optional: bool = True,
+    ) -> Optional[Tuple[bytes, bool]]:
+        """As :meth:`call`, for an answer whose body may be absent (``body_optional``): returns
+        the header and whether the body was read into ``into``."""
         s = self._connect()
         if s is None:
             return None
@@ -137,10 +156,12 @@ class BulkPool:
                     return None
                 raise err
             want = sum(m.nbytes for m in into)
-            if answer_len != want:
-                raise ProtocolError(f"the bulk answer holds {answer_len} bytes of values where {want} were asked")
-            for m in into:
-                _recv_into_exact(s, m)
+            read = not (body_optional and answer_len == 0)
+            if read:
+                if answer_len != want:
+                    raise ProtocolError(f"the bulk answer holds {answer_len} bytes of values where {want} were asked")
+                for m in into:
+                    _recv_into_exact(s, m)
         except ServiceError:
             raise
         except (OSError, ProtocolError) as e:
@@ -149,7 +170,7 @@ class BulkPool:
                 grpc.StatusCode.UNAVAILABLE, f"bulk stream: {e}", endpoint=self.endpoint, shard=self.shard
             ) from e
         self._release(s)
-        return answer
+        return answer, read
 
 
 def _sendmsg_all(s: socket.socket, parts: List[Any]) -> None:

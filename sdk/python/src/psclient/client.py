@@ -26,7 +26,7 @@ from ._proto.ps.v1 import ps_pb2 as pb
 from ._proto.ps.v1 import ps_pb2_grpc as pb_grpc
 from ._proto.ps.v1 import scheduler_pb2 as spb
 from ._proto.ps.v1 import scheduler_pb2_grpc as spb_grpc
-from .bulk import PULL_DENSE, PUSH_DENSE, BulkPool, host_port
+from .bulk import PULL_DENSE, PUSH_DENSE, PUSH_PULL_DENSE, BulkPool, host_port
 from .errors import (
     RETRY_REASONS,
     InvalidInput,
@@ -461,7 +461,7 @@ class Client:
 
     # --- dense ----------------------------------------------------------------------------
 
-    def _plan(self, st: _TableState, chunks: range, bytes_per_value: float) -> List[Tuple[int, List[int]]]:
+    def _plan(self, st: _TableState, chunks: Sequence[int], bytes_per_value: float) -> List[Tuple[int, List[int]]]:
         """Chunks grouped by owner into requests of at most ``max_request_bytes``."""
         n, ce, _ = st.dense()
         max_values = max(int(self.max_request_bytes / max(bytes_per_value, 0.01)), 1)
@@ -481,6 +481,35 @@ class Client:
     def push_dense(self, name: str, grad: ArrayLike) -> PushSummary:
         """Pushes a gradient for the whole dense tensor ``name`` (any shape with the table's
         number of values), under the table's codec."""
+        return self._push_dense(name, grad, None)[0]
+
+    def push_pull_dense(self, name: str, grad: ArrayLike, out: F32Array) -> PushSummary:
+        """Pushes a gradient for the whole dense tensor ``name`` and pulls the tensor into
+        ``out`` (as :meth:`pull_dense_into`), as a training step's push and pull. When the push
+        goes as plain f32 over the bulk stream and the table pulls f32, each request's chunks
+        come back in its own exchange, once the shard has acknowledged the push: one exchange
+        per request instead of a push and a pull. Chunks that did not (another codec, gRPC, a
+        shard older than the method) are pulled after the push.
+
+        Each chunk pulled holds this push (and whatever else the shard applied before), as
+        after :meth:`push_dense` then :meth:`pull_dense_into`; chunks are not pulled at one
+        instant across shards. On an error, some requests may have been pushed and some
+        chunks pulled: ``out`` is then partly written."""
+        st = self._state(name)
+        flat = _dense_out(st, out)
+        if st.pull != "f32":
+            summary = self.push_dense(name, grad)
+            self.pull_dense_into(name, out)
+            return summary
+        summary, pulled = self._push_dense(name, grad, flat)
+        rest = [c for c in range(st.dense()[2]) if c not in pulled]
+        if rest:
+            self._pull_dense_chunks(st, rest, pb.ENCODING_F32, flat)
+        return summary
+
+    def _push_dense(self, name: str, grad: ArrayLike, pull_into: Optional[F32Array]) -> Tuple[PushSummary, set[int]]:
+        """Pushes as :meth:`push_dense` and, where ``pull_into`` is given, reads each request's
+        chunks into it in the push's exchange when it can; returns the chunks it read."""
         st = self._state(name)
         n, ce, nchunks = st.dense()
         g = np.ascontiguousarray(grad, dtype=np.float32).reshape(-1)
@@ -511,30 +540,36 @@ class Client:
                     slices.append((c, lo, p))
                 requests.append((shard, slices))
 
-        def send(shard: int, slices: List[Tuple[int, int, Optional[pb.Payload]]]) -> pb.PushResponse:
+        def send(shard: int, slices: List[Tuple[int, int, Optional[pb.Payload]]]) -> Tuple[pb.PushResponse, bool]:
             seq, floor = self._seqs.begin()
             try:
-                return self._call(shard, lambda s, epoch: self._push_dense_once(s, st, g, slices, seq, floor, epoch))
+                return self._call(
+                    shard, lambda s, epoch: self._push_dense_once(s, st, g, slices, seq, floor, epoch, pull_into)
+                )
             finally:
                 self._seqs.end(seq)
 
         results = self._fan([functools.partial(send, *r) for r in requests])
         summary = PushSummary()
+        pulled: set[int] = set()
         first: Optional[BaseException] = None
-        for (shard, slices), r in zip(requests, results):
-            if isinstance(r, BaseException):
-                first = first or r
-                if lossy and _not_applied(r):
+        for (shard, slices), answered in zip(requests, results):
+            if isinstance(answered, BaseException):
+                first = first or answered
+                if lossy and _not_applied(answered):
                     with st.lock:
                         for _, lo, p in slices:
                             if st.residual is not None and p is not None:
                                 st.residual.restore(lo, p)
                 continue
+            push, read = answered
+            if read:
+                pulled.update(c for c, _, _ in slices)
             wire = sum(len(p.data) if p is not None else 4 * _len(st, c) for c, _, p in slices)
-            summary._add(r, wire, sum(_len(st, c) for c, _, _ in slices))
+            summary._add(push, wire, sum(_len(st, c) for c, _, _ in slices))
         if first is not None:
             raise first
-        return summary
+        return summary, pulled
 
     def _push_dense_once(
         self,
@@ -545,7 +580,11 @@ class Client:
         seq: int,
         floor: int,
         epoch: int,
-    ) -> pb.PushResponse:
+        pull_into: Optional[F32Array] = None,
+    ) -> Tuple[pb.PushResponse, bool]:
+        """One attempt at a push request; with ``pull_into``, the push and the pull of its
+        chunks in one exchange where it can. Returns the answer and whether the chunks were
+        read into ``pull_into``."""
         push_id = pb.PushId(client_id=self.client_id, seq=seq, min_unacked_seq=floor)
         plain = all(p is None for _, _, p in slices)
         if plain and s.bulk is not None:
@@ -560,9 +599,21 @@ class Client:
                 authorization=f"Bearer {self._token}" if self._token else "",
             )
             body = [g[lo : lo + _len(st, c)].data for c, lo, _ in slices]
+            if pull_into is not None and not s.bulk.no_push_pull:
+                into = [pull_into[lo : lo + _len(st, c)].data for c, lo, _ in slices]
+                try:
+                    fused = s.bulk.call_maybe_body(PUSH_PULL_DENSE, header.SerializeToString(), body, into)
+                except ServiceError as e:
+                    if e.code != grpc.StatusCode.UNIMPLEMENTED:
+                        raise
+                    # A shard older than the method applied nothing: push, then pull.
+                    s.bulk.no_push_pull = True
+                    fused = None
+                if fused is not None:
+                    return _push_pulled(fused, [c for c, _, _ in slices])
             answer = s.bulk.call(PUSH_DENSE, header.SerializeToString(), body)
             if answer is not None:
-                return pb.PushResponse.FromString(answer)
+                return pb.PushResponse.FromString(answer), False
         req = pb.PushDenseRequest(
             table=st.spec.name,
             push_id=push_id,
@@ -577,7 +628,7 @@ class Client:
                 for c, lo, p in slices
             ],
         )
-        return s.stub.PushDense(req, **self._opts())
+        return s.stub.PushDense(req, **self._opts()), False
 
     def pull_dense(self, name: str, *, exact: bool = False) -> F32Array:
         """Pulls the whole dense tensor ``name`` (flat f32; reshape to the table's shape as
@@ -591,16 +642,18 @@ class Client:
         exactly its values. A caller that keeps one array from step to step spares each pull
         the fresh pages of a new one."""
         st = self._state(name)
-        n, ce, nchunks = st.dense()
-        if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous and out.size == n):
-            raise InvalidInput(f"table `{name}` holds {n} values: pull into a contiguous float32 array of that size")
-        out = out.reshape(-1)
+        out = _dense_out(st, out)
         pull = "f32" if exact else st.pull
         if pull.startswith("delta-topk:"):
             out[:] = self._pull_dense_delta(st, float(pull.split(":")[1]))
             return
-        accept = _PULL_ENCODINGS[pull]
-        plan = self._plan(st, range(nchunks), 4.0 if accept == pb.ENCODING_F32 else 2.0)
+        self._pull_dense_chunks(st, range(st.dense()[2]), _PULL_ENCODINGS[pull], out)
+
+    def _pull_dense_chunks(self, st: _TableState, chunks: Sequence[int], accept: pb.Encoding, out: F32Array) -> None:
+        """Pulls ``chunks`` (in ascending order) under ``accept`` into their places in ``out``,
+        the flat tensor."""
+        _, ce, _ = st.dense()
+        plan = self._plan(st, chunks, 4.0 if accept == pb.ENCODING_F32 else 2.0)
 
         def one(shard: int, chunks: List[int]) -> None:
             def attempt(s: _Shard, epoch: int) -> None:
@@ -805,6 +858,34 @@ class Client:
 def _len(st: _TableState, c: int) -> int:
     n, ce, _ = st.dense()
     return min(ce, n - c * ce)
+
+
+def _dense_out(st: _TableState, out: F32Array) -> F32Array:
+    """``out`` as the flat tensor a pull writes into, or :class:`InvalidInput` when it is not a
+    contiguous float32 array of exactly the table's values."""
+    n = st.dense()[0]
+    if not (isinstance(out, np.ndarray) and out.dtype == np.float32 and out.flags.c_contiguous and out.size == n):
+        raise InvalidInput(f"table `{st.spec.name}` holds {n} values: pull into a contiguous float32 array of that size")
+    return out.reshape(-1)
+
+
+def _push_pulled(answered: Tuple[bytes, bool], chunks: List[int]) -> Tuple[pb.PushResponse, bool]:
+    """A push-and-pull's answer (its header, and whether its body was read) as the push's
+    answer and whether the chunks were read; checks that the pull is what was asked."""
+    header, read = answered
+    resp = pb.PushPullDenseResponse.FromString(header)
+    if not resp.HasField("push"):
+        raise ProtocolError("a push-and-pull answer without its push")
+    if not resp.HasField("pull"):
+        if read:
+            raise ProtocolError("a push-and-pull answer with values but no pull")
+        return resp.push, False
+    if not read:
+        raise ProtocolError("a push-and-pull answer with a pull but no values")
+    got = [sl.chunk for sl in resp.pull.slices]
+    if got != chunks:
+        raise ProtocolError(f"chunks {got} answered where chunks {chunks} were asked")
+    return resp.push, True
 
 
 def _ids(ids: ArrayLike) -> npt.NDArray[np.uint64]:
