@@ -54,7 +54,7 @@ def test_dense_push_pull_exact_over_both_transports(cluster: LocalCluster) -> No
 
 def test_push_pull_dense_pulls_each_request_in_its_push(cluster: LocalCluster) -> None:
     # Requests of at most 8 chunks of 1,000 values: the 50 chunks (the last one short) make
-    # 7 requests over the two shards.
+    # several requests per shard, counted from the partitioner below.
     with psclient.Client(cluster.endpoints, max_request_bytes=32_000) as ps, psclient.Client(
         cluster.endpoints, bulk=False
     ) as grpc_only:

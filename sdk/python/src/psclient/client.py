@@ -598,11 +598,12 @@ class Client:
                 ],
                 authorization=f"Bearer {self._token}" if self._token else "",
             )
+            encoded = header.SerializeToString()
             body = [g[lo : lo + _len(st, c)].data for c, lo, _ in slices]
             if pull_into is not None and not s.bulk.no_push_pull:
                 into = [pull_into[lo : lo + _len(st, c)].data for c, lo, _ in slices]
                 try:
-                    fused = s.bulk.call_maybe_body(PUSH_PULL_DENSE, header.SerializeToString(), body, into)
+                    fused = s.bulk.call_maybe_body(PUSH_PULL_DENSE, encoded, body, into)
                 except ServiceError as e:
                     if e.code != grpc.StatusCode.UNIMPLEMENTED:
                         raise
@@ -611,7 +612,7 @@ class Client:
                     fused = None
                 if fused is not None:
                     return _push_pulled(fused, [c for c, _, _ in slices])
-            answer = s.bulk.call(PUSH_DENSE, header.SerializeToString(), body)
+            answer = s.bulk.call(PUSH_DENSE, encoded, body)
             if answer is not None:
                 return pb.PushResponse.FromString(answer), False
         req = pb.PushDenseRequest(
