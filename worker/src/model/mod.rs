@@ -19,8 +19,7 @@
 //! fault drills (`scripts/compose-test.sh`) compare it with the pushes the workers saw
 //! acknowledged. Its compute time paces the job so that faults land during training.
 
-use std::collections::HashMap;
-
+use ps_codec::IdMap;
 use ps_core::{Initializer, Optimizer, TableSpec, ValidationError};
 
 use crate::backend::{Backend, BackendError, Bags, LossSum, Trans};
@@ -319,7 +318,8 @@ pub struct Net<B: Backend> {
 
 struct DeviceRows<B: Backend> {
     ids: Vec<u64>,
-    index: HashMap<u64, u32>,
+    /// Each id's place in `ids`.
+    index: IdMap,
     wide: B::Buf,
     emb: Option<B::Buf>,
     dwide: B::Buf,
@@ -468,14 +468,13 @@ impl<B: Backend + Clone> Net<B> {
             }));
         }
         let b = &self.backend;
+        let mut index = IdMap::new();
+        for (i, &id) in rows.ids.iter().enumerate() {
+            index.insert(id, i as u32);
+        }
         self.rows = Some(DeviceRows {
             ids: rows.ids.clone(),
-            index: rows
-                .ids
-                .iter()
-                .enumerate()
-                .map(|(i, &id)| (id, i as u32))
-                .collect(),
+            index,
             wide: b.upload(&rows.wide)?,
             emb: (dim > 0).then(|| b.upload(&rows.emb)).transpose()?,
             dwide: b.zeros(u)?,
@@ -511,16 +510,16 @@ impl<B: Backend + Clone> Net<B> {
             model: self.spec.name(),
             detail: "no sparse rows loaded for this batch".into(),
         })?;
+        let mut found = Vec::new();
+        rows.index.get_many(ids, &mut found, |_| {});
         let idx = ids
             .iter()
-            .map(|id| {
-                rows.index
-                    .get(id)
-                    .copied()
-                    .ok_or_else(|| ModelError::Mismatch {
-                        model: self.spec.name(),
-                        detail: format!("feature id {id} has no loaded row"),
-                    })
+            .zip(found)
+            .map(|(id, slot)| {
+                slot.ok_or_else(|| ModelError::Mismatch {
+                    model: self.spec.name(),
+                    detail: format!("feature id {id} has no loaded row"),
+                })
             })
             .collect::<Result<Vec<u32>>>()?;
         Ok(Bags {
