@@ -1,7 +1,9 @@
-//! Framing of the bulk stream, the shard's second listener for large plain-f32 dense pushes and
-//! pulls and sparse pushes (described with `ShardInfoResponse.bulk_port` in `ps.proto`): a
-//! fixed 20-byte head, a protobuf header, then the payload bytes themselves. The values cross
-//! once, as they are, with no HTTP/2 frames around them and no protobuf encoding of them.
+//! Framing of the bulk stream, the shard's second listener for dense and sparse pushes and
+//! plain-f32 dense pulls (described with `ShardInfoResponse.bulk_port` in `ps.proto`): a fixed
+//! 20-byte head, a protobuf header, then the payload bytes themselves. Plain f32 values cross
+//! once, as they are, with no HTTP/2 frames around them and no protobuf encoding of them;
+//! compressed pushes carry their data in the header, and take the stream for its lower cost
+//! per call.
 //!
 //! The shard's handler and the client's caller both live next to their gRPC twins; this module
 //! holds only what both sides must agree on.
@@ -167,23 +169,31 @@ pub fn is_plain_f32(p: &pb::Payload) -> bool {
     p.encoding() == pb::Encoding::F32 && p.compression() == pb::Compression::None
 }
 
-/// The body a header's slices call for, in bytes: each slice must hold an uncompressed
-/// `ENCODING_F32` payload, the one encoding the bulk stream carries.
+/// The body a pull answer's slices call for, in bytes: each slice must hold an uncompressed
+/// `ENCODING_F32` payload with its data left out, the one form a pull is answered in.
 pub fn f32_body_len(slices: &[pb::DenseSlice]) -> Result<u64, String> {
+    body_len(slices, f32_payload_len)
+}
+
+/// The sum of `len_of` over the slices' payloads (each slice must have one).
+fn body_len(
+    slices: &[pb::DenseSlice],
+    len_of: impl Fn(&pb::Payload) -> Result<u64, String>,
+) -> Result<u64, String> {
     let mut total = 0u64;
     for (i, s) in slices.iter().enumerate() {
         let v = s
             .values
             .as_ref()
             .ok_or_else(|| format!("slices[{i}]: a slice needs its values"))?;
-        total = f32_payload_len(v)
+        total = len_of(v)
             .and_then(|b| total.checked_add(b).ok_or_else(|| "overflow".to_owned()))
             .map_err(|e| format!("slices[{i}]: {e}"))?;
     }
     Ok(total)
 }
 
-/// The body one header payload calls for, in bytes: it must be uncompressed `ENCODING_F32`
+/// The body one answer payload calls for, in bytes: it must be uncompressed `ENCODING_F32`
 /// with its data left out (the data is the body).
 pub fn f32_payload_len(v: &pb::Payload) -> Result<u64, String> {
     if !is_plain_f32(v) {
@@ -202,10 +212,39 @@ pub fn f32_payload_len(v: &pb::Payload) -> Result<u64, String> {
         .ok_or_else(|| format!("{} values overflow", v.num_values))
 }
 
-/// Gives each slice its data from `body` (split, not copied); `body` holds exactly what
-/// [`f32_body_len`] asked for.
+/// Whether a push header's payload takes its data from the body: uncompressed `ENCODING_F32`
+/// with its data left out. Any other payload carries its data in the header itself: a
+/// compressed push (top-k, fp16, int8 of a gradient) is small, and goes by the bulk stream
+/// for its lower cost per call, not to keep its bytes out of a protobuf message.
+pub fn takes_body(v: &pb::Payload) -> bool {
+    is_plain_f32(v) && v.data.is_empty()
+}
+
+/// The body one push header's payload calls for, in bytes: `4 * num_values` when it takes its
+/// data from the body ([`takes_body`]), else none.
+pub fn push_payload_len(v: &pb::Payload) -> Result<u64, String> {
+    if !takes_body(v) {
+        return Ok(0);
+    }
+    v.num_values
+        .checked_mul(4)
+        .ok_or_else(|| format!("{} values overflow", v.num_values))
+}
+
+/// The body a push header's slices call for, in bytes: slice after slice, the values of those
+/// that take theirs from the body ([`takes_body`]).
+pub fn push_body_len(slices: &[pb::DenseSlice]) -> Result<u64, String> {
+    body_len(slices, push_payload_len)
+}
+
+/// Gives each slice that takes its data from the body ([`takes_body`]) its data from `body`
+/// (split, not copied); `body` holds exactly what [`push_body_len`] asked for.
 pub fn put_slice_data(slices: &mut [pb::DenseSlice], mut body: Bytes) {
-    for v in slices.iter_mut().filter_map(|s| s.values.as_mut()) {
+    for v in slices
+        .iter_mut()
+        .filter_map(|s| s.values.as_mut())
+        .filter(|v| takes_body(v))
+    {
         let len = usize::try_from(v.num_values.saturating_mul(4))
             .unwrap_or(usize::MAX)
             .min(body.len());
@@ -227,6 +266,40 @@ mod tests {
                 ..Default::default()
             }),
         }
+    }
+
+    #[test]
+    fn a_push_header_carries_compressed_payloads_and_the_body_the_plain_ones() {
+        let fp16 = pb::DenseSlice {
+            chunk: 4,
+            values: Some(pb::Payload {
+                encoding: pb::Encoding::F16 as i32,
+                num_values: 2,
+                data: Bytes::from_static(&[0, 60, 0, 188]),
+                ..Default::default()
+            }),
+        };
+        let mut slices = vec![f32_slice(3, &[1.0, 2.0]), fp16, f32_slice(5, &[-0.5])];
+        let want = slices.clone();
+        // Only the plain slices' data leaves the header: 3 values, 12 bytes of body.
+        let body: Vec<u8> = [&slices[0], &slices[2]]
+            .iter()
+            .flat_map(|s| s.values.as_ref().unwrap().data.to_vec())
+            .collect();
+        for i in [0, 2] {
+            slices[i].values.as_mut().unwrap().data = Bytes::new();
+        }
+        assert_eq!(push_body_len(&slices), Ok(12));
+        put_slice_data(&mut slices, Bytes::from(body));
+        assert_eq!(slices, want);
+        // A plain payload whose data is in the header stays as it is, and takes no body.
+        assert_eq!(push_payload_len(want[0].values.as_ref().unwrap()), Ok(0));
+        let huge = pb::Payload {
+            encoding: pb::Encoding::F32 as i32,
+            num_values: u64::MAX,
+            ..Default::default()
+        };
+        assert!(push_payload_len(&huge).unwrap_err().contains("overflow"));
     }
 
     #[tokio::test]

@@ -1,5 +1,7 @@
-//! The bulk stream's server: plain-f32 `PushDense`, `PullDense` and `PushSparse` over a raw
-//! TCP stream (the framing is `ps_proto::bulk`, described in `ps.proto`). Each call is decoded
+//! The bulk stream's server: `PushDense` and `PushSparse` (plain f32 values as the body,
+//! compressed ones in the header) and `PullDense` (plain f32 answered as the body, other
+//! encodings in the answer's header) over a raw TCP stream (the framing is `ps_proto::bulk`,
+//! described in `ps.proto`). Each call is decoded
 //! into the same wire request the gRPC edge receives and handed to the same [`PsService`]
 //! method, so validation, exactly-once, metrics and errors are the gRPC path's; only the
 //! transport differs. A pushed body is read once from the socket into the buffer the engine
@@ -326,8 +328,14 @@ async fn call<S: Store>(
                 Ok(r) => r,
                 Err(refused) => return Ok(Err(refused)),
             };
+            let plain = matches!(
+                req.get_ref().accept(),
+                pb::Encoding::F32 | pb::Encoding::Unspecified
+            );
             let answer = trace::serve_bulk(PULL_DENSE_PATH, &parent, svc.pull_dense(req)).await;
             Ok(match answer {
+                // Another encoding: the answer whole in the header, its values in place.
+                Ok(r) if !plain => Ok((r.into_inner().encode_to_vec(), Vec::new())),
                 Ok(r) => {
                     let mut r = r.into_inner();
                     let body = bulk::take_slice_data(&mut r.slices);
@@ -384,7 +392,7 @@ impl BulkPush for pb::PushSparseRequest {
     }
 
     fn fill(&mut self, body: Bytes) {
-        if let Some(v) = self.values.as_mut() {
+        if let Some(v) = self.values.as_mut().filter(|v| bulk::takes_body(v)) {
             v.data = body;
         }
     }
@@ -514,20 +522,13 @@ fn push_header(
 ) -> Result<pb::PushDenseRequest, Status> {
     let req = pb::PushDenseRequest::decode(header)
         .map_err(|e| bad_header(format!("the PushDense header does not decode: {e}")))?;
-    if req
-        .slices
-        .iter()
-        .any(|s| s.values.as_ref().is_some_and(|v| !bulk::is_plain_f32(v)))
-    {
-        return Err(not_plain_push());
-    }
-    let want = bulk::f32_body_len(&req.slices).map_err(bad_header)?;
+    let want = bulk::push_body_len(&req.slices).map_err(bad_header)?;
     body_fits(head, header, want, max_request_bytes)?;
     Ok(req)
 }
 
 /// A sparse push's header, checked against its body before the body is read: its rows'
-/// values, plain f32, are the body.
+/// values, plain f32, are the body; compressed ones are in the header.
 fn sparse_push_header(
     head: Head,
     header: &[u8],
@@ -539,10 +540,7 @@ fn sparse_push_header(
         .values
         .as_ref()
         .ok_or_else(|| bad_header("a PushSparse header needs its values".into()))?;
-    if !bulk::is_plain_f32(values) {
-        return Err(not_plain_push());
-    }
-    let want = bulk::f32_payload_len(values).map_err(bad_header)?;
+    let want = bulk::push_payload_len(values).map_err(bad_header)?;
     body_fits(head, header, want, max_request_bytes)?;
     Ok(req)
 }
@@ -578,11 +576,9 @@ fn pull_header(head: Head, header: &[u8]) -> Result<pb::PullDenseRequest, Status
     if head.body_len != 0 {
         return Err(bad_header("a bulk PullDense has no body".into()));
     }
-    if !matches!(req.accept(), pb::Encoding::F32 | pb::Encoding::Unspecified) || req.delta.is_some()
-    {
+    if req.delta.is_some() {
         return Err(not_on_bulk_stream(
-            "the bulk stream answers plain f32 pulls only; pull other encodings and deltas \
-             through gRPC",
+            "the bulk stream answers no delta pulls; pull deltas through gRPC",
         ));
     }
     Ok(req)
@@ -595,14 +591,6 @@ fn not_on_bulk_stream(message: &str) -> Status {
         reason::NOT_ON_BULK_STREAM,
         message,
         [],
-    )
-}
-
-/// A push whose values are not what the bulk stream carries.
-fn not_plain_push() -> Status {
-    not_on_bulk_stream(
-        "the bulk stream carries uncompressed ENCODING_F32 pushes only; send other encodings \
-         through gRPC",
     )
 }
 

@@ -899,9 +899,10 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
             values(&[1.0; 3]),
         ),
         (
+            // A compressed payload's data is in the header: a body beside it is refused.
             Code::InvalidArgument,
-            "NOT_ON_BULK_STREAM",
-            "through gRPC",
+            "INVALID_FIELD",
+            "body",
             push("d4", push_id(), one, pb::Encoding::F16),
             values(&[1.0; 2]),
         ),
@@ -943,15 +944,34 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
         "--max-request-bytes",
         bulk_call(&mut sock, PUSH_DENSE, &big, &[mib.clone(), mib]).await,
     );
+    // A pull in another encoding is answered whole in the header, as gRPC answers it.
     let f16_pull = pb::PullDenseRequest {
         accept: pb::Encoding::F16 as i32,
+        ..pull.clone()
+    };
+    let (code, header, f16_body) = bulk_call(&mut sock, PULL_DENSE, &f16_pull, &[]).await;
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&header));
+    assert!(f16_body.is_empty());
+    let f16: pb::PullDenseResponse = prost::Message::decode(header.as_slice()).unwrap();
+    assert_eq!(f16, c.pull_dense(f16_pull).await.unwrap().into_inner());
+    assert_eq!(
+        f16.slices[0].values.as_ref().unwrap().encoding(),
+        pb::Encoding::F16
+    );
+    // A delta pull is not for the bulk stream.
+    let delta_pull = pb::PullDenseRequest {
+        delta: Some(pb::DeltaPull {
+            client_id: 42,
+            ratio: 0.5,
+            versions: vec![0; pull.chunks.len()],
+        }),
         ..pull.clone()
     };
     bulk_refused(
         Code::InvalidArgument,
         "NOT_ON_BULK_STREAM",
         "through gRPC",
-        bulk_call(&mut sock, PULL_DENSE, &f16_pull, &[]).await,
+        bulk_call(&mut sock, PULL_DENSE, &delta_pull, &[]).await,
     );
     bulk_refused(
         Code::Unimplemented,
@@ -969,7 +989,7 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
         .unwrap()
         .into_inner();
     assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (1, 2));
-    assert_eq!(stats.bulk_calls, 18);
+    assert_eq!(stats.bulk_calls, 19);
 
     // A stream that is not speaking the bulk framing is closed.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1081,9 +1101,10 @@ async fn the_bulk_stream_applies_sparse_pushes_as_grpc_does_and_refuses_bad_inpu
             values(&[1.0; 3]),
         ),
         (
+            // A compressed payload's data is in the header: a body beside it is refused.
             Code::InvalidArgument,
-            "NOT_ON_BULK_STREAM",
-            "through gRPC",
+            "INVALID_FIELD",
+            "body",
             header("by_bulk", push_id(), ids.clone(), pb::Encoding::F16, 4),
             values(&[1.0; 2]),
         ),
@@ -1153,6 +1174,156 @@ async fn the_bulk_stream_applies_sparse_pushes_as_grpc_does_and_refuses_bad_inpu
     // Three applied (bulk, gRPC, bulk), one duplicate; every bulk call counted.
     assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (3, 1));
     assert_eq!(stats.bulk_calls, 11);
+    drop(sock);
+    shard.stop().await;
+}
+
+/// Compressed pushes on the bulk stream carry their values in the header: dense and sparse,
+/// each applied exactly as the same push through gRPC is, once however often it is sent; one
+/// whose values do not decode is refused with gRPC's code and reason, and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulk_stream_applies_compressed_pushes_from_their_headers() {
+    use ps_proto::bulk::{PUSH_DENSE, PUSH_SPARSE};
+    let mut shard = start(1 << 20).await;
+    let c = &mut shard.client;
+    let info = c
+        .shard_info(pb::ShardInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Chunks of 4 values; each table's first chunk this shard owns is pushed.
+    for name in ["d_bulk", "d_grpc"] {
+        c.create_table(pb::CreateTableRequest {
+            spec: Some(dense_spec(name, 32, 4, pb::NonFinitePolicy::Reject)),
+        })
+        .await
+        .unwrap();
+    }
+    for name in ["s_bulk", "s_grpc"] {
+        c.create_table(pb::CreateTableRequest {
+            spec: Some(sparse_spec(name, 2, pb::NonFinitePolicy::Reject)),
+        })
+        .await
+        .unwrap();
+    }
+    let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", info.bulk_port as u16))
+        .await
+        .unwrap();
+    // fp16 of 1, -2, 0.5 and 4, in the payload itself.
+    let fp16 = |bits: &[u16]| pb::Payload {
+        encoding: pb::Encoding::F16 as i32,
+        num_values: bits.len() as u64,
+        data: bits.iter().flat_map(|b| b.to_le_bytes()).collect(),
+        ..Default::default()
+    };
+    let grad = fp16(&[0x3c00, 0xc000, 0x3800, 0x4400]);
+    let dense = |table: &str, push_id, values: pb::Payload| pb::PushDenseRequest {
+        table: table.into(),
+        push_id,
+        slices: vec![pb::DenseSlice {
+            chunk: chunks_for(table, 8).0[0],
+            values: Some(values),
+        }],
+        ..Default::default()
+    };
+    let good = dense("d_bulk", push_id(), grad.clone());
+    for duplicate in [false, true] {
+        let (code, answer, body) = bulk_call(&mut sock, PUSH_DENSE, &good, &[]).await;
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&answer));
+        assert!(body.is_empty());
+        let r: pb::PushResponse = prost::Message::decode(answer.as_slice()).unwrap();
+        assert_eq!(r.duplicate, duplicate);
+    }
+    c.push_dense(dense("d_grpc", push_id(), grad.clone()))
+        .await
+        .unwrap();
+    let pulled = async |c: &mut ParameterServerClient<Channel>, table: &str| {
+        let r = c
+            .pull_dense(pb::PullDenseRequest {
+                table: table.into(),
+                chunks: chunks_for(table, 8).0[..1].to_vec(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        decode(r.slices[0].values.as_ref().unwrap())
+    };
+    // SGD at rate 1 from zeros: the gradient negated, once.
+    assert_eq!(pulled(c, "d_bulk").await, [-1.0, 2.0, -0.5, -4.0]);
+    assert_eq!(pulled(c, "d_bulk").await, pulled(c, "d_grpc").await);
+
+    let ids: Vec<u64> = owned_ids("s_bulk", 64)
+        .into_iter()
+        .filter(|i| owned_ids("s_grpc", 64).contains(i))
+        .take(2)
+        .collect();
+    let sparse = |table: &str, push_id, values: pb::Payload| pb::PushSparseRequest {
+        table: table.into(),
+        push_id,
+        ids: ids.clone(),
+        values: Some(values),
+        ..Default::default()
+    };
+    let good = sparse("s_bulk", push_id(), grad.clone());
+    for duplicate in [false, true] {
+        let (code, answer, _) = bulk_call(&mut sock, PUSH_SPARSE, &good, &[]).await;
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&answer));
+        let r: pb::PushResponse = prost::Message::decode(answer.as_slice()).unwrap();
+        assert_eq!(r.duplicate, duplicate);
+    }
+    c.push_sparse(sparse("s_grpc", push_id(), grad.clone()))
+        .await
+        .unwrap();
+    let rows = async |c: &mut ParameterServerClient<Channel>, table: &str| {
+        let r = c
+            .pull_sparse(pull_rows(table, ids.clone()))
+            .await
+            .unwrap()
+            .into_inner();
+        decode(&r.values.unwrap())
+    };
+    assert_eq!(rows(c, "s_bulk").await, [-1.0, 2.0, -0.5, -4.0]);
+    assert_eq!(rows(c, "s_bulk").await, rows(c, "s_grpc").await);
+
+    // Values that do not decode (fp16 of three values where four are claimed; a NaN) are
+    // refused as gRPC refuses them; nothing changes and the stream carries the next push.
+    let mut short = grad.clone();
+    short.data = short.data.slice(..6);
+    let nan = fp16(&[0x3c00, 0x7e00, 0x3800, 0x4400]);
+    for (values, reason) in [(short, "INVALID_FIELD"), (nan, "NON_FINITE")] {
+        let by_grpc = c
+            .push_dense(dense("d_grpc", push_id(), values.clone()))
+            .await
+            .unwrap_err();
+        assert_eq!(by_grpc.code(), Code::InvalidArgument);
+        let answer = bulk_call(
+            &mut sock,
+            PUSH_DENSE,
+            &dense("d_bulk", push_id(), values.clone()),
+            &[],
+        )
+        .await;
+        bulk_refused(Code::InvalidArgument, reason, "", answer);
+        let answer = bulk_call(
+            &mut sock,
+            PUSH_SPARSE,
+            &sparse("s_bulk", push_id(), values),
+            &[],
+        )
+        .await;
+        bulk_refused(Code::InvalidArgument, reason, "", answer);
+    }
+    assert_eq!(pulled(c, "d_bulk").await, [-1.0, 2.0, -0.5, -4.0]);
+    assert_eq!(rows(c, "s_bulk").await, [-1.0, 2.0, -0.5, -4.0]);
+    let stats = c
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Two applied by bulk and two by gRPC; two duplicates; eight bulk calls.
+    assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (4, 2));
+    assert_eq!(stats.bulk_calls, 8);
     drop(sock);
     shard.stop().await;
 }

@@ -812,6 +812,105 @@ async fn top_k_with_feedback_tracks_dense_sgd() {
     cluster.stop().await;
 }
 
+/// Compressed pushes (top-k and fp16 dense, fp16 rows) go by the shards' bulk streams, their
+/// values in the calls' headers, one bulk call per request: the tables end as the same
+/// pushes through gRPC leave them, bit for bit; fp16 pulls come that way too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn compressed_pushes_go_by_the_bulk_stream_as_grpc_would_apply_them() {
+    let cluster = TestCluster::start(2).await;
+    let by_bulk = cluster.client().await;
+    let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+    cfg.bulk = false;
+    let by_grpc = PsClient::connect(cfg).await.unwrap();
+    let n = 3_000usize;
+    let dim = 8u32;
+    let ids: Vec<u64> = (0..200).map(|i| i * 7919).collect();
+    let topk = Codec::TopK {
+        ratio: 0.05,
+        values: SparseValues::F16,
+    };
+    for (ps, suffix) in [(&by_bulk, "b"), (&by_grpc, "g")] {
+        for (name, codec) in [("topk", topk), ("fp16", Codec::F16)] {
+            let table = format!("{name}_{suffix}");
+            ps.create_table(dense_sgd(&table, &[n as u64], 0.5))
+                .await
+                .unwrap();
+            ps.set_table_codec(&table, pushes_in(codec)).unwrap();
+        }
+        // Rows in fp16: top-k picks its rows per shard's request, and the two tables' names
+        // spread the ids over the shards differently.
+        let rows = format!("rows_{suffix}");
+        ps.create_table(sparse_sgd(&rows, dim, 0.5)).await.unwrap();
+        ps.set_table_codec(&rows, pushes_in(Codec::F16)).unwrap();
+    }
+    let bulk_calls = async || -> u64 {
+        by_bulk
+            .stats()
+            .await
+            .unwrap()
+            .iter()
+            .map(|s| s.bulk_calls)
+            .sum()
+    };
+    let before = bulk_calls().await;
+    let mut requests = 0;
+    for step in 0..5 {
+        let g = gradient(n, 10 + step);
+        let rows = gradient(ids.len() * dim as usize, 20 + step);
+        for (ps, suffix) in [(&by_bulk, "b"), (&by_grpc, "g")] {
+            let mut sent = Vec::new();
+            for name in ["topk", "fp16"] {
+                sent.push(
+                    ps.push_dense(&format!("{name}_{suffix}"), &g)
+                        .await
+                        .unwrap(),
+                );
+            }
+            sent.push(
+                ps.push_sparse(&format!("rows_{suffix}"), &ids, &rows)
+                    .await
+                    .unwrap(),
+            );
+            if suffix == "b" {
+                requests += sent.iter().map(|s| s.requests).sum::<u64>();
+            }
+        }
+    }
+    // Every request by the bulk stream: each shard's chunks of a dense table, each shard's rows.
+    assert!(requests >= 5 * 3, "{requests} requests");
+    assert_eq!(bulk_calls().await - before, requests);
+    for name in ["topk", "fp16"] {
+        let b = by_bulk.pull_dense(&format!("{name}_b")).await.unwrap();
+        let g = by_grpc.pull_dense(&format!("{name}_g")).await.unwrap();
+        assert!(b == g, "{name}: the bulk stream's pushes applied otherwise");
+        assert!(b.iter().any(|v| *v != 0.0));
+    }
+    let b = by_bulk.pull_sparse_f32("rows_b", &ids).await.unwrap();
+    let g = by_grpc.pull_sparse_f32("rows_g", &ids).await.unwrap();
+    assert!(b == g, "rows: the bulk stream's pushes applied otherwise");
+    // Pulls in fp16 come by the bulk stream too (three chunks of 1,000 values over two
+    // shards: one call to each), answered as gRPC answers them.
+    for (ps, table) in [(&by_bulk, "topk_b"), (&by_grpc, "topk_g")] {
+        let codec = TableCodec {
+            pull: PullCodec::F16,
+            ..pushes_in(topk)
+        };
+        ps.set_table_codec(table, codec).unwrap();
+    }
+    let before = bulk_calls().await;
+    let b = by_bulk.pull_dense("topk_b").await.unwrap();
+    assert_eq!(bulk_calls().await - before, 2);
+    assert!(b == by_grpc.pull_dense("topk_g").await.unwrap());
+    let exact = by_bulk.pull_dense_f32("topk_b").await.unwrap();
+    assert!(b != exact, "fp16 rounds the values");
+    assert!(
+        b.iter()
+            .zip(&exact)
+            .all(|(h, f)| (h - f).abs() <= f.abs() / 1000.0)
+    );
+    cluster.stop().await;
+}
+
 /// Delta pulls: the first pull of a chunk comes whole, later ones bring the top-k of the change
 /// since the last pull, and a client's copy converges to the table's values; a client that
 /// lost its copy (same id, fresh state) gets whole chunks again, never a change against a

@@ -11,6 +11,7 @@
 //! restarts on a system-picked port has a new one) and the bulk stream is tried again later.
 
 use std::io;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU16, Ordering};
 use std::time::{Duration, Instant};
 
@@ -25,11 +26,16 @@ use tonic::{Code, Status};
 use tracing::Instrument as _;
 
 use crate::auth::Token;
+use crate::link::Link;
 use crate::tls::{ClientTls, Conn};
 use crate::{ClientConfig, trace};
 
 /// Connections kept idle per shard.
 const MAX_IDLE: usize = 32;
+
+/// Most bytes of compressed values a push sends by the bulk stream, in its header (which the
+/// shard reads whole, up to 4 MiB); a larger one goes through gRPC.
+pub(crate) const MAX_COMPRESSED_BYTES: usize = 1 << 20;
 
 /// After a failed connect, how long calls go through gRPC before the bulk port is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -57,6 +63,12 @@ pub(crate) struct BulkPool {
     /// The shard answered a push-and-pull `unimplemented` (it is older than them): a push and
     /// a pull are sent instead.
     no_push_pull: AtomicBool,
+    /// The shard refused a compressed push as not for the bulk stream (it is older than them):
+    /// compressed pushes go through gRPC.
+    no_compressed: AtomicBool,
+    /// The emulated link every call's frames cross (`ClientConfig::link_mbps`), shared with
+    /// the client's gRPC channels.
+    link: Option<Arc<Link>>,
 }
 
 /// A destination of pulled values: one chunk's place in the caller's tensor.
@@ -66,7 +78,12 @@ impl BulkPool {
     /// The pool for the bulk port `port` of the shard whose gRPC endpoint is `endpoint`, with
     /// the client's timeouts and credentials; `None`: not known yet, asked for on the shard's
     /// next gRPC call.
-    pub(crate) fn new(endpoint: &str, port: Option<u16>, cfg: &ClientConfig) -> Option<Self> {
+    pub(crate) fn new(
+        endpoint: &str,
+        port: Option<u16>,
+        cfg: &ClientConfig,
+        link: Option<Arc<Link>>,
+    ) -> Option<Self> {
         let uri: http::Uri = endpoint.parse().ok()?;
         // An IPv6 host comes bracketed in a URI and stays so in host:port.
         let host = uri.host()?.to_owned();
@@ -82,6 +99,8 @@ impl BulkPool {
             wants_port: AtomicBool::new(port.is_none()),
             no_sparse: AtomicBool::new(false),
             no_push_pull: AtomicBool::new(false),
+            no_compressed: AtomicBool::new(false),
+            link,
         })
     }
 
@@ -143,19 +162,54 @@ impl BulkPool {
         }
     }
 
-    /// Pushes `req`, whose slices are plain f32 with their data left out: `body` holds each
-    /// slice's values as bytes, in slice order (the caller's own memory: nothing is copied).
-    /// `Ok(None)`: no connection could be made; send it through gRPC.
+    /// Whether compressed pushes (their data in the header, [`bulk::takes_body`]) and pulls
+    /// answered in other encodings than f32 may go by this shard's bulk stream: `false` once
+    /// it refused one as older than them.
+    pub(crate) fn takes_compressed(&self) -> bool {
+        !self.no_compressed.load(Ordering::Relaxed)
+    }
+
+    /// Pushes `req`: its plain-f32 slices with their data left out, `body` holding their values
+    /// as bytes, in slice order (the caller's own memory: nothing is copied); any compressed
+    /// slice with its data in place. `Ok(None)`: no connection could be made, or the shard is
+    /// older than compressed pushes on the bulk stream; send it through gRPC.
     pub(crate) async fn push_dense(
         &self,
         mut req: pb::PushDenseRequest,
         body: &[&[u8]],
     ) -> Result<Option<pb::PushResponse>, Status> {
+        let compressed = req
+            .slices
+            .iter()
+            .any(|s| s.values.as_ref().is_some_and(|v| !bulk::takes_body(v)));
         let span = trace::client_span(bulk::PUSH_DENSE_PATH, &self.addr());
         req.trace_context = trace::context_map(&span);
         req.authorization = self.authorization();
-        self.push(bulk::PUSH_DENSE, &req.encode_to_vec(), body, span)
-            .await
+        let answer = self
+            .push(bulk::PUSH_DENSE, &req.encode_to_vec(), body, span)
+            .await;
+        self.unless_older(compressed, answer)
+    }
+
+    /// A compressed push's answer: `Ok(None)` (and later ones through gRPC) when the shard
+    /// refused it as not for the bulk stream, as one older than them does; it applied nothing.
+    fn unless_older(
+        &self,
+        compressed: bool,
+        answer: Result<Option<pb::PushResponse>, Status>,
+    ) -> Result<Option<pb::PushResponse>, Status> {
+        match answer {
+            Err(s)
+                if compressed
+                    && s.code() == Code::InvalidArgument
+                    && crate::error::reason_of(&s).as_deref()
+                        == Some(ps_core::wire::reason::NOT_ON_BULK_STREAM) =>
+            {
+                self.no_compressed.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            answer => answer,
+        }
     }
 
     /// Pushes `req` as [`BulkPool::push_dense`] does and, in the same exchange, reads the
@@ -201,11 +255,15 @@ impl BulkPool {
         };
         let answered = self
             .timed(async {
+                self.uplink(header, body).await;
                 bulk::write_frame_parts(&mut s, bulk::PUSH_PULL_DENSE, header, body).await?;
                 let (body_len, answer) = read_answer(&mut s).await?;
                 let header = match answer {
                     Ok(h) => h,
-                    Err(status) => return Ok(Err(status)),
+                    Err(status) => {
+                        self.downlink(0).await;
+                        return Ok(Err(status));
+                    }
                 };
                 let resp = pb::PushPullDenseResponse::decode(header.as_slice())
                     .map_err(|e| protocol(format!("push-and-pull answer does not decode: {e}")))?;
@@ -216,9 +274,11 @@ impl BulkPool {
                     if body_len != 0 {
                         return Err(protocol("an answer with values but no pull"));
                     }
+                    self.downlink(header.len() as u64).await;
                     return Ok(Ok((push, false)));
                 };
                 read_pulled(&mut s, &pull, body_len, dsts).await?;
+                self.downlink(header.len() as u64 + body_len).await;
                 Ok(Ok((push, true)))
             })
             .await
@@ -227,9 +287,10 @@ impl BulkPool {
         answered.map(Some)
     }
 
-    /// Pushes `req`, whose values (plain f32) are left out: `body` holds them. `req` is left
-    /// as it came, for gRPC. `Ok(None)`: no connection could be made, or the shard is older
-    /// than bulk sparse pushes; send it through gRPC.
+    /// Pushes `req`, whose values are either plain f32 left out (`body` holds them) or
+    /// compressed and in place (`body` is empty). `req` is left as it came, for gRPC.
+    /// `Ok(None)`: no connection could be made, or the shard is older than bulk sparse pushes
+    /// (or than compressed ones); send it through gRPC.
     pub(crate) async fn push_sparse(
         &self,
         req: &mut pb::PushSparseRequest,
@@ -238,6 +299,7 @@ impl BulkPool {
         if self.no_sparse.load(Ordering::Relaxed) {
             return Ok(None);
         }
+        let compressed = req.values.as_ref().is_some_and(|v| !bulk::takes_body(v));
         let span = trace::client_span(bulk::PUSH_SPARSE_PATH, &self.addr());
         req.trace_context = trace::context_map(&span);
         req.authorization = self.authorization();
@@ -251,7 +313,7 @@ impl BulkPool {
                 self.no_sparse.store(true, Ordering::Relaxed);
                 Ok(None)
             }
-            answer => answer,
+            answer => self.unless_older(compressed, answer),
         }
     }
 
@@ -277,8 +339,11 @@ impl BulkPool {
         };
         let answer = self
             .timed(async {
+                self.uplink(header, body).await;
                 bulk::write_frame_parts(&mut s, kind, header, body).await?;
                 let (body_len, answer) = read_answer(&mut s).await?;
+                self.downlink(answer.as_ref().map_or(0, |h| h.len() as u64))
+                    .await;
                 if body_len != 0 {
                     return Err(protocol("a push answer with a body"));
                 }
@@ -320,22 +385,112 @@ impl BulkPool {
         };
         let answered = self
             .timed(async {
-                bulk::write_frame(&mut s, bulk::PULL_DENSE, &req.encode_to_vec(), &[]).await?;
-                let (body_len, answer) = read_answer(&mut s).await?;
+                let (body_len, answer) = self.ask_pull(&mut s, req).await?;
                 let header = match answer {
                     Ok(h) => h,
                     // A refusal's body was read with it; the stream stays usable.
-                    Err(status) => return Ok(Err(status)),
+                    Err(status) => {
+                        self.downlink(0).await;
+                        return Ok(Err(status));
+                    }
                 };
                 let resp = pb::PullDenseResponse::decode(header.as_slice())
                     .map_err(|e| protocol(format!("pull answer does not decode: {e}")))?;
                 read_pulled(&mut s, &resp, body_len, dsts).await?;
+                self.downlink(header.len() as u64 + body_len).await;
                 Ok(Ok(()))
             })
             .await
             .map_err(|e| self.broken(e))?;
         self.keep(s);
         answered.map(Some)
+    }
+
+    /// With an emulated link: waits until the uplink would have carried a request frame of
+    /// `header` and `body` (before it is written, as the gRPC channels' emulation waits before
+    /// it sends).
+    async fn uplink(&self, header: &[u8], body: &[&[u8]]) {
+        if let Some(link) = &self.link {
+            let body: usize = body.iter().map(|b| b.len()).sum();
+            link.send((bulk::HEAD_LEN + header.len() + body) as u64)
+                .await;
+        }
+    }
+
+    /// With an emulated link: waits until the downlink would have carried an answer of `bytes`
+    /// after its head (once it is read).
+    async fn downlink(&self, bytes: u64) {
+        if let Some(link) = &self.link {
+            link.receive(bulk::HEAD_LEN as u64 + bytes).await;
+        }
+    }
+
+    /// Pulls `req`, whose `accept` is an encoding other than plain f32: the answer comes whole,
+    /// its values in its header. `Ok(None)`: no connection could be made, or the shard is older
+    /// than such pulls on the bulk stream; pull through gRPC.
+    pub(crate) async fn pull_dense_encoded(
+        &self,
+        req: &pb::PullDenseRequest,
+    ) -> Result<Option<pb::PullDenseResponse>, Status> {
+        let span = trace::client_span(bulk::PULL_DENSE_PATH, &self.addr());
+        let req = pb::PullDenseRequest {
+            trace_context: trace::context_map(&span),
+            authorization: self.authorization(),
+            ..req.clone()
+        };
+        match traced(span, self.pull_encoded_untraced(&req)).await {
+            Err(s)
+                if s.code() == Code::InvalidArgument
+                    && crate::error::reason_of(&s).as_deref()
+                        == Some(ps_core::wire::reason::NOT_ON_BULK_STREAM) =>
+            {
+                self.no_compressed.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            answer => answer,
+        }
+    }
+
+    async fn pull_encoded_untraced(
+        &self,
+        req: &pb::PullDenseRequest,
+    ) -> Result<Option<pb::PullDenseResponse>, Status> {
+        let Some(mut s) = self.stream().await else {
+            return Ok(None);
+        };
+        let answered = self
+            .timed(async {
+                let (body_len, answer) = self.ask_pull(&mut s, req).await?;
+                self.downlink(answer.as_ref().map_or(0, |h| h.len() as u64))
+                    .await;
+                let header = match answer {
+                    Ok(h) => h,
+                    Err(status) => return Ok(Err(status)),
+                };
+                if body_len != 0 {
+                    return Err(protocol("an encoded pull answered with a body"));
+                }
+                pb::PullDenseResponse::decode(header.as_slice())
+                    .map(Ok)
+                    .map_err(|e| protocol(format!("pull answer does not decode: {e}")))
+            })
+            .await
+            .map_err(|e| self.broken(e))?;
+        self.keep(s);
+        answered.map(Some)
+    }
+
+    /// Sends a pull (paced by the link) and reads its answer's head and header: the body's
+    /// length, and the header or the refusal.
+    async fn ask_pull(
+        &self,
+        s: &mut Conn,
+        req: &pb::PullDenseRequest,
+    ) -> io::Result<(u64, Result<Vec<u8>, Status>)> {
+        let header = req.encode_to_vec();
+        self.uplink(&header, &[]).await;
+        bulk::write_frame(s, bulk::PULL_DENSE, &header, &[]).await?;
+        read_answer(s).await
     }
 
     /// Runs one call's I/O under the client's request timeout.

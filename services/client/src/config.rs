@@ -41,10 +41,10 @@ pub struct ClientConfig {
     /// Emulate a network link of this many megabits per second (each direction) for every
     /// request to and answer from the shards; see [`Link`]. `None`: the real network only.
     pub link_mbps: Option<f64>,
-    /// Send plain-f32 dense pushes and pulls and sparse pushes over the shards' bulk streams
-    /// (raw TCP, no HTTP/2 framing) where a shard offers one; everything else goes through
-    /// gRPC either way. Off
-    /// with an emulated link, whose emulation is on the gRPC channel.
+    /// Send dense and sparse pushes (plain f32 as raw bytes; compressed ones of up to 1 MiB with
+    /// their values in the call's header) and plain-f32 dense pulls over the shards' bulk
+    /// streams (raw TCP, no HTTP/2 framing) where a shard offers one; everything else goes
+    /// through gRPC either way. An emulated link paces both alike.
     pub bulk: bool,
     /// TLS and the bearer token for every connection to the shards (plaintext, none: default).
     pub credentials: crate::Credentials,

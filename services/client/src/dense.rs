@@ -172,9 +172,10 @@ impl PsClient {
         let table = spec.name.to_string();
         let codec_name = codec.push.codec.to_string();
         // The wire form of each request: its shard; its slices; whether they are all plain
-        // f32, which travels by the bulk stream where the shard has one; and where in `grad`
-        // the values of each borrowed slice are (sent from there, never copied for the bulk
-        // stream; copied into the payload only for gRPC).
+        // f32; and where in `grad` the values of each borrowed slice are (sent from there,
+        // never copied for the bulk stream; copied into the payload only for gRPC). A request
+        // goes by the bulk stream where the shard has one: plain f32 as the body, compressed
+        // slices (up to `MAX_COMPRESSED_BYTES`) in its header.
         type Call = (usize, Vec<pb::DenseSlice>, bool, Vec<Option<Range<usize>>>);
         let calls: Vec<(usize, Call)> = requests
             .iter()
@@ -277,16 +278,40 @@ impl PsClient {
                         authorization: String::new(),
                     };
                     let (pulls, fused, pull_name, table) = (&pulls, &fused, &pull_name, &table);
+                    let compressed: usize = req
+                        .slices
+                        .iter()
+                        .filter_map(|s| s.values.as_ref())
+                        .filter(|v| !ps_proto::bulk::is_plain_f32(v))
+                        .map(|v| v.data.len())
+                        .sum();
                     async move {
-                        if plain && let Some(bulk) = s.bulk() {
+                        if let Some(bulk) = s.bulk().filter(|b| {
+                            plain
+                                || (compressed <= bulk::MAX_COMPRESSED_BYTES
+                                    && b.takes_compressed())
+                        }) {
                             let mut header = req.clone();
-                            let data = ps_proto::bulk::take_slice_data(&mut header.slices);
+                            // Plain slices' values leave the header for the body; compressed
+                            // ones stay.
+                            let mut data = Vec::new();
+                            let mut body_of = Vec::new();
+                            for (slice, b) in header.slices.iter_mut().zip(&borrowed) {
+                                if let Some(v) = slice
+                                    .values
+                                    .as_mut()
+                                    .filter(|v| ps_proto::bulk::is_plain_f32(v))
+                                {
+                                    data.push(std::mem::take(&mut v.data));
+                                    body_of.push(b);
+                                }
+                            }
                             let body: Vec<&[u8]> = data
                                 .iter()
-                                .zip(&borrowed)
+                                .zip(body_of)
                                 .map(|(d, b)| b.as_ref().map_or(d.as_ref(), |r| bytes_of(grad, r)))
                                 .collect();
-                            let answer = match pulls.get(i).filter(|_| fusable(i)) {
+                            let answer = match pulls.get(i).filter(|_| plain && fusable(i)) {
                                 Some(dsts) => {
                                     let mut dsts = dsts.lock().await;
                                     let answer = bulk.push_pull_dense(header, &body, &mut dsts);
@@ -537,8 +562,18 @@ impl PsClient {
                         self.inner.count_pull(table, codec, values * 4, values);
                         return Ok(Ok(()));
                     }
-                    s.rediscover_bulk().await;
-                    let resp = s.grpc.pull_dense(req).await?.into_inner();
+                    // Other encodings by the bulk stream too, answered in its header.
+                    let by_bulk = match s.bulk().filter(|b| !plain && b.takes_compressed()) {
+                        Some(bulk) => bulk.pull_dense_encoded(&req).await?,
+                        None => None,
+                    };
+                    let resp = match by_bulk {
+                        Some(resp) => resp,
+                        None => {
+                            s.rediscover_bulk().await;
+                            s.grpc.pull_dense(req).await?.into_inner()
+                        }
+                    };
                     let (wire, values) = slice_bytes(&resp.slices);
                     self.inner.count_pull(table, codec, wire, values);
                     Ok(place_slices(resp.slices, &mut dsts))

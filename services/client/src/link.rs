@@ -4,9 +4,10 @@
 //!
 //! [`LinkChannel`] sits between the generated gRPC client and its HTTP/2 channel. With a link
 //! set, it reads each request body whole, waits until the uplink would have carried its bytes,
-//! sends it, then reads the answer whole and waits for the downlink in the same way. Every shard
-//! connection of one [`crate::PsClient`] shares one [`Link`], as they would share one network
-//! interface; the two directions are independent (full duplex). Without a link it adds nothing.
+//! sends it, then reads the answer whole and waits for the downlink in the same way; the bulk
+//! stream's calls (`bulk.rs`) wait for their frames' bytes alike. Every shard connection of one
+//! [`crate::PsClient`] shares one [`Link`], as they would share one network interface; the two
+//! directions are independent (full duplex). Without a link it adds nothing.
 
 use std::pin::Pin;
 use std::sync::Arc;

@@ -120,23 +120,30 @@ impl PsClient {
                         ..Default::default()
                     };
                     async move {
-                        // Plain f32 rows go by the shard's bulk stream where it has one: the
-                        // values after the header as they are, no HTTP/2 frames around them.
-                        if req
+                        // Rows go by the shard's bulk stream where it has one: plain f32
+                        // values after the header as they are, no HTTP/2 frames around them;
+                        // compressed ones (up to `MAX_COMPRESSED_BYTES`) in the header, for
+                        // the stream's lower cost per call.
+                        let plain = req
                             .values
                             .as_ref()
-                            .is_some_and(ps_proto::bulk::is_plain_f32)
-                            && let Some(bulk) = s.bulk()
-                        {
-                            // The values leave the request for the body and come back for a
+                            .is_some_and(ps_proto::bulk::is_plain_f32);
+                        let compressed = req.values.as_ref().map_or(0, |v| v.data.len());
+                        if let Some(bulk) = s.bulk().filter(|b| {
+                            plain
+                                || (compressed <= crate::bulk::MAX_COMPRESSED_BYTES
+                                    && b.takes_compressed())
+                        }) {
+                            // Plain values leave the request for the body and come back for a
                             // fallback to gRPC: nothing is copied.
                             let body = req
                                 .values
                                 .as_mut()
+                                .filter(|_| plain)
                                 .map(|v| std::mem::take(&mut v.data))
                                 .unwrap_or_default();
                             let sent = bulk.push_sparse(&mut req, &body).await;
-                            if let Some(v) = req.values.as_mut() {
+                            if let Some(v) = req.values.as_mut().filter(|_| plain) {
                                 v.data = body;
                             }
                             if let Some(answer) = sent? {

@@ -233,10 +233,10 @@ pub(crate) fn bulk_pool(
     ep: &str,
     port: Option<u16>,
 ) -> Option<Arc<BulkPool>> {
-    if !cfg.bulk || link.is_some() {
+    if !cfg.bulk {
         return None;
     }
-    BulkPool::new(ep, port, cfg).map(Arc::new)
+    BulkPool::new(ep, port, cfg, link.cloned()).map(Arc::new)
 }
 
 /// A lazily connected client for the shard at `ep`, with the windows and limits every shard

@@ -32,7 +32,7 @@ fuzz_target!(|data: &[u8]| {
     match head.kind {
         bulk::PUSH_DENSE | bulk::PUSH_PULL_DENSE => {
             if let Ok(req) = pb::PushDenseRequest::decode(&header[..]) {
-                if let Ok(len) = bulk::f32_body_len(&req.slices) {
+                if let Ok(len) = bulk::push_body_len(&req.slices) {
                     // What the shard compares with the frame's body length.
                     let _ = len == head.body_len;
                 }
@@ -46,7 +46,7 @@ fuzz_target!(|data: &[u8]| {
         }
         bulk::PUSH_SPARSE => {
             if let Ok(req) = pb::PushSparseRequest::decode(&header[..]) {
-                if let Some(len) = req.values.as_ref().map(bulk::f32_payload_len) {
+                if let Some(len) = req.values.as_ref().map(bulk::push_payload_len) {
                     let _ = len == Ok(head.body_len);
                 }
                 let _ = ps_core::PushSparse::try_from(req);
