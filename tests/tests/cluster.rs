@@ -369,7 +369,8 @@ async fn plain_dense_calls_take_the_bulk_stream_and_a_shard_without_one_is_serve
     assert!(after_pull[0].bulk_calls > after_push[0].bulk_calls);
     assert!(end[0].bulk_calls > after_pull[0].bulk_calls);
     assert_eq!(end[1].bulk_calls, 0);
-    // Lossy codecs keep going through gRPC: the bulk stream carries plain f32 only.
+    // A lossy codec's pushes take it too, their values in the call's header, to the shard
+    // that has one; the other shard gets its share through gRPC.
     let int8 = ps_client::TableCodec {
         push: ps_client::CompressOptions {
             codec: ps_client::Codec::Int8 { block: 256 },
@@ -378,8 +379,11 @@ async fn plain_dense_calls_take_the_bulk_stream_and_a_shard_without_one_is_serve
         ..Default::default()
     };
     bulk.set_table_codec("t", int8).unwrap();
-    bulk.push_dense("t", &g1).await.unwrap();
-    assert_eq!(bulk.stats().await.unwrap()[0].bulk_calls, end[0].bulk_calls);
+    let sent = bulk.push_dense("t", &g1).await.unwrap();
+    assert_eq!(sent.applied_values, n as u64);
+    let after_int8 = bulk.stats().await.unwrap();
+    assert!(after_int8[0].bulk_calls > end[0].bulk_calls);
+    assert_eq!(after_int8[1].bulk_calls, 0);
 
     // Sparse pushes of plain f32 rows take it too, to the shard that has one; the rows come
     // out as the gRPC client's pushes leave them.
