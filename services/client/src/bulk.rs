@@ -199,12 +199,7 @@ impl BulkPool {
         answer: Result<Option<pb::PushResponse>, Status>,
     ) -> Result<Option<pb::PushResponse>, Status> {
         match answer {
-            Err(s)
-                if compressed
-                    && s.code() == Code::InvalidArgument
-                    && crate::error::reason_of(&s).as_deref()
-                        == Some(ps_core::wire::reason::NOT_ON_BULK_STREAM) =>
-            {
+            Err(s) if compressed && refused_as_older(&s) => {
                 self.no_compressed.store(true, Ordering::Relaxed);
                 Ok(None)
             }
@@ -439,11 +434,7 @@ impl BulkPool {
             ..req.clone()
         };
         match traced(span, self.pull_encoded_untraced(&req)).await {
-            Err(s)
-                if s.code() == Code::InvalidArgument
-                    && crate::error::reason_of(&s).as_deref()
-                        == Some(ps_core::wire::reason::NOT_ON_BULK_STREAM) =>
-            {
+            Err(s) if refused_as_older(&s) => {
                 self.no_compressed.store(true, Ordering::Relaxed);
                 Ok(None)
             }
@@ -517,6 +508,13 @@ impl BulkPool {
             _ => Status::unavailable(format!("bulk stream to {addr} broke: {e}")),
         }
     }
+}
+
+/// Whether a compressed push or an encoded pull was refused as not for the bulk stream, as a
+/// shard older than them refuses it (having applied nothing).
+fn refused_as_older(s: &Status) -> bool {
+    s.code() == Code::InvalidArgument
+        && crate::error::reason_of(s).as_deref() == Some(ps_core::wire::reason::NOT_ON_BULK_STREAM)
 }
 
 /// Runs one call under its client span and records its outcome there.
