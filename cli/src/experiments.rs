@@ -640,7 +640,6 @@ async fn run_one(
         crate::local::run(&cli.local)
             .await
             .with_context(|| format!("{} / {} / seed {seed}", suite.name, c.label))?;
-        remove_shard_data(&dir)?;
         std::fs::write(&flags_file, flags.join(" "))
             .with_context(|| format!("writing {}", flags_file.display()))?;
         let host_file = dir.join(HOST_FILE);
@@ -755,21 +754,6 @@ fn provenance(suite: &Suite, results: &[RunResult]) -> Option<String> {
         ));
     }
     Some(line)
-}
-
-/// Removes a finished run's shard data directories: the report reads only `final.json` and
-/// `eval.jsonl` (the model is in `model.safetensors`), and each shard holds a push log and
-/// its body ring reserved whole on disk (1 GiB each by default), so a suite's runs would
-/// otherwise fill it.
-fn remove_shard_data(run: &Path) -> anyhow::Result<()> {
-    for entry in std::fs::read_dir(run).with_context(|| format!("listing {}", run.display()))? {
-        let entry = entry?;
-        if entry.file_name().to_string_lossy().starts_with("shard-") && entry.path().is_dir() {
-            std::fs::remove_dir_all(entry.path())
-                .with_context(|| format!("removing {}", entry.path().display()))?;
-        }
-    }
-    Ok(())
 }
 
 /// The `psctl local` flags of one run.

@@ -134,6 +134,13 @@ pub struct LocalArgs {
     /// No progress bar (for logs and scripts).
     #[arg(long)]
     pub quiet: bool,
+    /// Keep the shards' data directories (`<run>/shard-N`: their RocksDB, push log and body
+    /// ring) once the run ends. By default they are removed after a run that ended well
+    /// unless the job takes checkpoints, which live there: each shard reserves its push log
+    /// and body ring whole on disk (1 GiB each by default), so a few runs would fill a small
+    /// disk. The run's results (`final.json`, `eval.jsonl`, `model.safetensors`, `logs/`) stay.
+    #[arg(long)]
+    pub keep_data: bool,
     /// Mutual TLS on every connection, with the certificates `scripts/dev-certs.sh DIR` made
     /// (ca.pem; server.pem and server.key serve and identify every process).
     #[arg(long)]
@@ -459,6 +466,19 @@ pub struct LocalOutcome {
     pub wall: Duration,
 }
 
+/// Removes a stopped cluster's shard data directories (`<run>/shard-N`), leaving the rest of
+/// the run directory.
+pub fn remove_shard_data(run: &Path) -> anyhow::Result<()> {
+    for entry in std::fs::read_dir(run).with_context(|| format!("listing {}", run.display()))? {
+        let entry = entry?;
+        if entry.file_name().to_string_lossy().starts_with("shard-") && entry.path().is_dir() {
+            std::fs::remove_dir_all(entry.path())
+                .with_context(|| format!("removing {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
 /// Runs the local cluster to the end of its job.
 pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
     let started = Instant::now();
@@ -633,6 +653,9 @@ pub async fn run(a: &LocalArgs) -> anyhow::Result<LocalOutcome> {
     drop(sched);
     futures::future::join_all(workers.into_iter().map(|w| w.stop(STOP_GRACE))).await;
     cluster.stop().await;
+    if !a.keep_data && spec.checkpoint_every == 0 {
+        remove_shard_data(&run_dir)?;
+    }
     Ok(LocalOutcome {
         run_dir,
         result,

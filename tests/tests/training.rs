@@ -65,6 +65,12 @@ async fn a_local_cluster_trains_a_model_well_above_chance() {
     assert_eq!(model.tensor("local/w0").unwrap().shape(), &[16, 16]);
     assert_eq!(model.tensor("local/w1").unwrap().shape(), &[16, 4]);
     assert!(o.run_dir.join("steps-w1.jsonl").exists());
+    // The shards' data (each reserves a push log and a body ring whole on disk) is gone; their
+    // logs stay.
+    for shard in ["shard-0", "shard-1"] {
+        assert!(!o.run_dir.join(shard).exists(), "{shard}'s data was kept");
+        assert!(o.run_dir.join("logs").join(format!("{shard}.log")).exists());
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -258,10 +264,25 @@ async fn a_job_file_trains_what_it_declares() {
     )
     .unwrap();
     let args = local(
-        &["--job", job.to_str().unwrap(), "--epochs", "2"],
+        &[
+            "--job",
+            job.to_str().unwrap(),
+            "--epochs",
+            "2",
+            "--keep-data",
+        ],
         dir.path(),
     );
     let o = ps_cli::local::run(&args).await.unwrap();
+    // `--keep-data` keeps each shard's database and push log.
+    for shard in ["shard-0", "shard-1"] {
+        let data = o.run_dir.join(shard);
+        assert!(
+            data.join("db").is_dir(),
+            "{shard}'s data: {}",
+            data.display()
+        );
+    }
     let spec: serde_json::Value =
         serde_json::from_slice(&std::fs::read(o.run_dir.join("job.json")).unwrap()).unwrap();
     let tables: Vec<(&str, &str)> = spec["tables"]
