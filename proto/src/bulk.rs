@@ -28,12 +28,16 @@ pub const PUSH_SPARSE: u32 = 3;
 /// Request kind of a `PushPullDense` call: a `PushDense` answered with its chunks' values
 /// after the push (`PushPullDenseResponse`), on the bulk stream only.
 pub const PUSH_PULL_DENSE: u32 = 4;
+/// Request kind of a `PullSparse` call, answered whole in the header (no body).
+pub const PULL_SPARSE: u32 = 5;
 /// The gRPC method a bulk `PushDense` stands for: the name its spans carry on both sides.
 pub const PUSH_DENSE_PATH: &str = "/ps.v1.ParameterServer/PushDense";
 /// The gRPC method a bulk `PullDense` stands for.
 pub const PULL_DENSE_PATH: &str = "/ps.v1.ParameterServer/PullDense";
 /// The gRPC method a bulk `PushSparse` stands for.
 pub const PUSH_SPARSE_PATH: &str = "/ps.v1.ParameterServer/PushSparse";
+/// The gRPC method a bulk `PullSparse` stands for.
+pub const PULL_SPARSE_PATH: &str = "/ps.v1.ParameterServer/PullSparse";
 
 /// A frame's head. `kind` is the method of a request, the gRPC status code of an answer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,6 +1,7 @@
 //! The bulk stream's server: `PushDense` and `PushSparse` (plain f32 values as the body,
-//! compressed ones in the header) and `PullDense` (plain f32 answered as the body, other
-//! encodings in the answer's header) over a raw TCP stream (the framing is `ps_proto::bulk`,
+//! compressed ones in the header), `PullDense` (plain f32 answered as the body, other
+//! encodings in the answer's header) and `PullSparse` (answered in the header) over a raw TCP
+//! stream (the framing is `ps_proto::bulk`,
 //! described in `ps.proto`). Each call is decoded
 //! into the same wire request the gRPC edge receives and handed to the same [`PsService`]
 //! method, so validation, exactly-once, metrics and errors are the gRPC path's; only the
@@ -20,7 +21,9 @@ use prost::Message;
 use ps_client::tls::WAKE_BYTES;
 use ps_core::ValidationError;
 use ps_core::wire::reason;
-use ps_proto::bulk::{self, Head, PULL_DENSE_PATH, PUSH_DENSE_PATH, PUSH_SPARSE_PATH};
+use ps_proto::bulk::{
+    self, Head, PULL_DENSE_PATH, PULL_SPARSE_PATH, PUSH_DENSE_PATH, PUSH_SPARSE_PATH,
+};
 use ps_proto::v1 as pb;
 use ps_proto::v1::parameter_server_server::ParameterServer;
 use ps_runtime::auth::{Admission, Auth, Caller};
@@ -352,6 +355,23 @@ async fn call<S: Store>(
                 Err(s) => Err(s),
             })
         }
+        bulk::PULL_SPARSE => {
+            discard(sock, head.body_len, timeout).await?;
+            let mut req = match sparse_pull_header(head, header) {
+                Ok(r) => r,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            let parent = std::mem::take(&mut req.trace_context);
+            let authorization = std::mem::take(&mut req.authorization);
+            let (req, _admitted) = match gate.admit(PULL_SPARSE_PATH, &authorization, req) {
+                Ok(r) => r,
+                Err(refused) => return Ok(Err(refused)),
+            };
+            // The answer whole in the header: its rows are gathered into one payload per table
+            // already, between the tables' `unchanged` masks.
+            let answer = trace::serve_bulk(PULL_SPARSE_PATH, &parent, svc.pull_sparse(req)).await;
+            Ok(answer.map(|r| (r.into_inner().encode_to_vec(), Vec::new())))
+        }
         other => {
             discard(sock, head.body_len, timeout).await?;
             Ok(Err(refusal(
@@ -359,7 +379,7 @@ async fn call<S: Store>(
                 reason::NOT_ON_BULK_STREAM,
                 format!(
                     "bulk method {other} is unknown to this shard (1 PushDense, 2 PullDense, \
-                     3 PushSparse, 4 PushPullDense)"
+                     3 PushSparse, 4 PushPullDense, 5 PullSparse)"
                 ),
                 [("method", other.to_string())],
             )))
@@ -580,6 +600,16 @@ fn pull_header(head: Head, header: &[u8]) -> Result<pb::PullDenseRequest, Status
         return Err(not_on_bulk_stream(
             "the bulk stream answers no delta pulls; pull deltas through gRPC",
         ));
+    }
+    Ok(req)
+}
+
+/// A sparse pull's header: no body.
+fn sparse_pull_header(head: Head, header: &[u8]) -> Result<pb::PullSparseRequest, Status> {
+    let req = pb::PullSparseRequest::decode(header)
+        .map_err(|e| bad_header(format!("the PullSparse header does not decode: {e}")))?;
+    if head.body_len != 0 {
+        return Err(bad_header("a bulk PullSparse has no body".into()));
     }
     Ok(req)
 }

@@ -717,6 +717,18 @@ async fn every_optimizer_runs_end_to_end_and_survives_a_restart() {
     }
 }
 
+/// A raw connection to the shard's bulk stream, at the port its ShardInfo gives.
+async fn bulk_socket(c: &mut ParameterServerClient<Channel>) -> tokio::net::TcpStream {
+    let info = c
+        .shard_info(pb::ShardInfoRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    tokio::net::TcpStream::connect(("127.0.0.1", info.bulk_port as u16))
+        .await
+        .unwrap()
+}
+
 /// One call on a raw bulk stream: (status code, header bytes, body bytes).
 async fn bulk_call(
     sock: &mut tokio::net::TcpStream,
@@ -1014,11 +1026,6 @@ async fn the_bulk_stream_applies_sparse_pushes_as_grpc_does_and_refuses_bad_inpu
     use ps_proto::bulk::PUSH_SPARSE;
     let mut shard = start(1 << 20).await;
     let c = &mut shard.client;
-    let info = c
-        .shard_info(pb::ShardInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
     for name in ["by_bulk", "by_grpc"] {
         c.create_table(pb::CreateTableRequest {
             spec: Some(sparse_spec(name, 2, pb::NonFinitePolicy::Reject)),
@@ -1034,9 +1041,7 @@ async fn the_bulk_stream_applies_sparse_pushes_as_grpc_does_and_refuses_bad_inpu
         .take(2)
         .collect();
     assert_eq!(ids.len(), 2);
-    let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", info.bulk_port as u16))
-        .await
-        .unwrap();
+    let mut sock = bulk_socket(c).await;
     // A push whose header carries the ids and an empty payload, and whose body the values.
     let header = |table: &str, push_id, ids: Vec<u64>, encoding: pb::Encoding, n: u64| {
         pb::PushSparseRequest {
@@ -1186,11 +1191,6 @@ async fn the_bulk_stream_applies_compressed_pushes_from_their_headers() {
     use ps_proto::bulk::{PUSH_DENSE, PUSH_SPARSE};
     let mut shard = start(1 << 20).await;
     let c = &mut shard.client;
-    let info = c
-        .shard_info(pb::ShardInfoRequest {})
-        .await
-        .unwrap()
-        .into_inner();
     // Chunks of 4 values; each table's first chunk this shard owns is pushed.
     for name in ["d_bulk", "d_grpc"] {
         c.create_table(pb::CreateTableRequest {
@@ -1206,9 +1206,7 @@ async fn the_bulk_stream_applies_compressed_pushes_from_their_headers() {
         .await
         .unwrap();
     }
-    let mut sock = tokio::net::TcpStream::connect(("127.0.0.1", info.bulk_port as u16))
-        .await
-        .unwrap();
+    let mut sock = bulk_socket(c).await;
     // fp16 of 1, -2, 0.5 and 4, in the payload itself.
     let fp16 = |bits: &[u16]| pb::Payload {
         encoding: pb::Encoding::F16 as i32,
@@ -1326,6 +1324,128 @@ async fn the_bulk_stream_applies_compressed_pushes_from_their_headers() {
     assert_eq!(stats.bulk_calls, 8);
     drop(sock);
     shard.stop().await;
+}
+
+/// Sparse pulls on the bulk stream are answered whole in the header exactly as gRPC answers
+/// them (f32 and fp16 rows, a table read beside another, held rows marked unchanged), and bad
+/// ones are refused with gRPC's code and reason, the stream carrying the next call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulk_stream_answers_sparse_pulls_as_grpc_does() {
+    use ps_proto::bulk::{PULL_SPARSE, PUSH_SPARSE};
+    use tonic_types::StatusExt;
+    let mut shard = start(1 << 20).await;
+    let c = &mut shard.client;
+    c.create_table(pb::CreateTableRequest {
+        spec: Some(sparse_spec("rows", 2, pb::NonFinitePolicy::Reject)),
+    })
+    .await
+    .unwrap();
+    let mut beside = sparse_spec("beside", 2, pb::NonFinitePolicy::Reject);
+    if let Some(pb::table_spec::Kind::Sparse(s)) = beside.kind.as_mut() {
+        s.placed_with = "rows".into();
+    }
+    c.create_table(pb::CreateTableRequest { spec: Some(beside) })
+        .await
+        .unwrap();
+    let ids = owned_ids("rows", 3);
+    let mut sock = bulk_socket(c).await;
+    // Two of the three rows pushed (by bulk, plain f32 as the body), the third never.
+    let push = push_ones("rows", ids[..2].to_vec(), push_id());
+    let body = push.values.as_ref().unwrap().data.clone();
+    let mut header = push.clone();
+    header.values.as_mut().unwrap().data = Default::default();
+    let (code, answer, _) = bulk_call(&mut sock, PUSH_SPARSE, &header, &[body]).await;
+    assert_eq!(code, 0, "{}", String::from_utf8_lossy(&answer));
+
+    let by_bulk = async |sock: &mut tokio::net::TcpStream, req: &pb::PullSparseRequest| {
+        let (code, answer, body) = bulk_call(sock, PULL_SPARSE, req, &[]).await;
+        assert_eq!(code, 0, "{}", String::from_utf8_lossy(&answer));
+        assert!(body.is_empty(), "a sparse pull's answer has no body");
+        <pb::PullSparseResponse as prost::Message>::decode(answer.as_slice()).unwrap()
+    };
+    let f32_pull = pull_rows("rows", ids.clone());
+    let grpc = c.pull_sparse(f32_pull.clone()).await.unwrap().into_inner();
+    let bulk = by_bulk(&mut sock, &f32_pull).await;
+    assert_eq!(bulk, grpc);
+    let rows = decode(bulk.values.as_ref().unwrap());
+    assert_eq!(&rows[..4], [-1.0; 4], "SGD at rate 1 from zeros");
+
+    // fp16 rows of both tables in one call, the first two rows of `rows` held by the caller:
+    // the first as it is (-1 is exact in fp16, so its digest is the f32 row's), the second
+    // with a stale digest (sent again).
+    let digest = ps_core::hash::row_digest;
+    let fp16_pull = pb::PullSparseRequest {
+        accept: pb::Encoding::F16 as i32,
+        held: vec![0b011],
+        held_digests: vec![digest(&rows[..2]), digest(&[0.0, 0.0])],
+        also: vec![pb::PullSparseAlso {
+            table: "beside".into(),
+            accept: pb::Encoding::F16 as i32,
+            ..Default::default()
+        }],
+        ..pull_rows("rows", ids.clone())
+    };
+    let grpc = c.pull_sparse(fp16_pull.clone()).await.unwrap().into_inner();
+    let bulk = by_bulk(&mut sock, &fp16_pull).await;
+    assert_eq!(bulk, grpc);
+    assert_eq!(bulk.unchanged, [0b001], "the first row is unchanged");
+    assert_eq!(bulk.values.as_ref().unwrap().num_values, 4);
+    assert_eq!(bulk.also.len(), 1);
+
+    // Bad pulls: refused with gRPC's code and reason, on a stream that stays usable.
+    let unknown = pull_rows("nope", ids.clone());
+    let both_ids = pb::PullSparseRequest {
+        fixed_ids: ids.clone(),
+        ..pull_rows("rows", ids.clone())
+    };
+    let not_owned = pull_rows("rows", vec![ids_for("rows").1]);
+    let short_digests = pb::PullSparseRequest {
+        held: vec![0b111],
+        held_digests: vec![1],
+        ..pull_rows("rows", ids.clone())
+    };
+    for bad in [unknown, both_ids, not_owned, short_digests] {
+        let want = c.pull_sparse(bad.clone()).await.unwrap_err();
+        let reason = want.get_details_error_info().expect("error details").reason;
+        let answer = bulk_call(&mut sock, PULL_SPARSE, &bad, &[]).await;
+        bulk_refused(want.code(), &reason, "", answer);
+    }
+    // A pull with a body is refused, its body read; the stream carries the next pull.
+    let answer = bulk_call(
+        &mut sock,
+        PULL_SPARSE,
+        &f32_pull,
+        &[bytes::Bytes::from_static(&[0; 8])],
+    )
+    .await;
+    bulk_refused(Code::InvalidArgument, "INVALID_FIELD", "body", answer);
+    assert_eq!(
+        by_bulk(&mut sock, &f32_pull).await.values,
+        grpc_values(c, &f32_pull).await
+    );
+
+    let stats = c
+        .get_stats(pb::GetStatsRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    // Pulls change nothing: one push applied. Calls by bulk: a push, 3 good pulls, 5 refused.
+    assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (1, 0));
+    assert_eq!(stats.bulk_calls, 9);
+    drop(sock);
+    shard.stop().await;
+}
+
+/// The values gRPC answers to a sparse pull.
+async fn grpc_values(
+    c: &mut ParameterServerClient<Channel>,
+    req: &pb::PullSparseRequest,
+) -> Option<pb::Payload> {
+    c.pull_sparse(req.clone())
+        .await
+        .unwrap()
+        .into_inner()
+        .values
 }
 
 /// Reads a whole export; the status it ended in, when it failed.

@@ -814,7 +814,8 @@ async fn top_k_with_feedback_tracks_dense_sgd() {
 
 /// Compressed pushes (top-k and fp16 dense, fp16 rows) go by the shards' bulk streams, their
 /// values in the calls' headers, one bulk call per request: the tables end as the same
-/// pushes through gRPC leave them, bit for bit; fp16 pulls come that way too.
+/// pushes through gRPC leave them, bit for bit; fp16 dense pulls and sparse pulls come that
+/// way too.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn compressed_pushes_go_by_the_bulk_stream_as_grpc_would_apply_them() {
     let cluster = TestCluster::start(2).await;
@@ -885,7 +886,10 @@ async fn compressed_pushes_go_by_the_bulk_stream_as_grpc_would_apply_them() {
         assert!(b == g, "{name}: the bulk stream's pushes applied otherwise");
         assert!(b.iter().any(|v| *v != 0.0));
     }
+    // Sparse pulls come by the bulk stream: one call to each shard, answered as gRPC answers.
+    let before = bulk_calls().await;
     let b = by_bulk.pull_sparse_f32("rows_b", &ids).await.unwrap();
+    assert_eq!(bulk_calls().await - before, 2);
     let g = by_grpc.pull_sparse_f32("rows_g", &ids).await.unwrap();
     assert!(b == g, "rows: the bulk stream's pushes applied otherwise");
     // Pulls in fp16 come by the bulk stream too (three chunks of 1,000 values over two

@@ -382,6 +382,7 @@ async fn bulk_case(addr: std::net::SocketAddr, pool: &DescriptorPool, case: &Val
                     let type_name = match kind {
                         bulk::PULL_DENSE => "ps.v1.PullDenseRequest",
                         bulk::PUSH_SPARSE => "ps.v1.PushSparseRequest",
+                        bulk::PULL_SPARSE => "ps.v1.PullSparseRequest",
                         _ => "ps.v1.PushDenseRequest",
                     };
                     json_message(pool, type_name, h)

@@ -838,27 +838,32 @@ async fn roles_gate_every_method_and_identities_cannot_be_spoofed() {
     let mut s = tokio::net::TcpStream::connect(shard_ready.bulk.unwrap())
         .await
         .unwrap();
-    let header = pb::PullDenseRequest {
+    // A dense pull and a sparse pull without a token, one after the other on one stream.
+    let dense = pb::PullDenseRequest {
         table: "j/b0".into(),
         chunks: vec![0],
         map_epoch: epoch,
         ..Default::default()
     };
-    bulk::write_frame(
-        &mut s,
-        bulk::PULL_DENSE,
-        &prost::Message::encode_to_vec(&header),
-        &[],
-    )
-    .await
-    .unwrap();
-    let (head, message) = bulk::read_head(&mut s, 1 << 20).await.unwrap().unwrap();
-    assert_eq!(
-        head.kind,
-        Code::Unauthenticated as u32,
-        "{}",
-        String::from_utf8_lossy(&message)
-    );
+    let sparse = pb::PullSparseRequest {
+        table: "j/b0".into(),
+        ids: vec![1],
+        map_epoch: epoch,
+        ..Default::default()
+    };
+    for (kind, header) in [
+        (bulk::PULL_DENSE, prost::Message::encode_to_vec(&dense)),
+        (bulk::PULL_SPARSE, prost::Message::encode_to_vec(&sparse)),
+    ] {
+        bulk::write_frame(&mut s, kind, &header, &[]).await.unwrap();
+        let (head, message) = bulk::read_head(&mut s, 1 << 20).await.unwrap().unwrap();
+        assert_eq!(
+            head.kind,
+            Code::Unauthenticated as u32,
+            "{}",
+            String::from_utf8_lossy(&message)
+        );
+    }
     sched.check().unwrap();
     shard.check().unwrap();
 }

@@ -1,5 +1,5 @@
-//! The client side of a shard's bulk stream (`ps_proto::bulk`): plain-f32 dense pushes and
-//! pulls (a push and the pull of its chunks in one exchange too) and sparse pushes over raw
+//! The client side of a shard's bulk stream (`ps_proto::bulk`): dense pushes and pulls (a push
+//! and the pull of its chunks in one exchange too), sparse pushes and sparse pulls over raw
 //! TCP connections, one call per connection at a time, connections kept for the next call. A
 //! pull's values are read from the socket straight into the caller's tensor.
 //!
@@ -34,8 +34,17 @@ use crate::{ClientConfig, trace};
 const MAX_IDLE: usize = 32;
 
 /// Most bytes of compressed values a push sends by the bulk stream, in its header (which the
-/// shard reads whole, up to 4 MiB); a larger one goes through gRPC.
+/// shard reads whole, up to 4 MiB); a larger one goes through gRPC. A sparse pull's request
+/// (its ids and digests) is bounded alike.
 pub(crate) const MAX_COMPRESSED_BYTES: usize = 1 << 20;
+
+/// Most bytes of an answer's header the client reads (an answer's values in other encodings
+/// than plain f32, and sparse pulls' rows, come in it).
+const MAX_ANSWER_HEADER: usize = 64 << 20;
+
+/// Most bytes of rows a sparse pull expects by the bulk stream; a larger one goes through gRPC
+/// (its answer could pass [`MAX_ANSWER_HEADER`]).
+pub(crate) const MAX_SPARSE_ANSWER: usize = MAX_ANSWER_HEADER / 2;
 
 /// After a failed connect, how long calls go through gRPC before the bulk port is tried again.
 const RETRY_AFTER: Duration = Duration::from_secs(5);
@@ -66,6 +75,9 @@ pub(crate) struct BulkPool {
     /// The shard refused a compressed push as not for the bulk stream (it is older than them):
     /// compressed pushes go through gRPC.
     no_compressed: AtomicBool,
+    /// The shard answered a bulk sparse pull `unimplemented` (it is older than them): sparse
+    /// pulls go through gRPC.
+    no_sparse_pull: AtomicBool,
     /// The emulated link every call's frames cross (`ClientConfig::link_mbps`), shared with
     /// the client's gRPC channels.
     link: Option<Arc<Link>>,
@@ -100,6 +112,7 @@ impl BulkPool {
             no_sparse: AtomicBool::new(false),
             no_push_pull: AtomicBool::new(false),
             no_compressed: AtomicBool::new(false),
+            no_sparse_pull: AtomicBool::new(false),
             link,
         })
     }
@@ -433,7 +446,9 @@ impl BulkPool {
             authorization: self.authorization(),
             ..req.clone()
         };
-        match traced(span, self.pull_encoded_untraced(&req)).await {
+        let header = req.encode_to_vec();
+        let call = self.answered_in_header(bulk::PULL_DENSE, &header, "an encoded pull");
+        match traced(span, call).await {
             Err(s) if refused_as_older(&s) => {
                 self.no_compressed.store(true, Ordering::Relaxed);
                 Ok(None)
@@ -442,16 +457,20 @@ impl BulkPool {
         }
     }
 
-    async fn pull_encoded_untraced(
+    /// One call of `kind` without a body whose answer comes whole in its header, decoded as
+    /// `M` (`what` names the call in errors). `Ok(None)`: no connection could be made.
+    async fn answered_in_header<M: Message + Default>(
         &self,
-        req: &pb::PullDenseRequest,
-    ) -> Result<Option<pb::PullDenseResponse>, Status> {
+        kind: u32,
+        header: &[u8],
+        what: &str,
+    ) -> Result<Option<M>, Status> {
         let Some(mut s) = self.stream().await else {
             return Ok(None);
         };
         let answered = self
             .timed(async {
-                let (body_len, answer) = self.ask_pull(&mut s, req).await?;
+                let (body_len, answer) = self.ask(&mut s, kind, header).await?;
                 self.downlink(answer.as_ref().map_or(0, |h| h.len() as u64))
                     .await;
                 let header = match answer {
@@ -459,16 +478,45 @@ impl BulkPool {
                     Err(status) => return Ok(Err(status)),
                 };
                 if body_len != 0 {
-                    return Err(protocol("an encoded pull answered with a body"));
+                    return Err(protocol(format!("{what} answered with a body")));
                 }
-                pb::PullDenseResponse::decode(header.as_slice())
+                M::decode(header.as_slice())
                     .map(Ok)
-                    .map_err(|e| protocol(format!("pull answer does not decode: {e}")))
+                    .map_err(|e| protocol(format!("{what} answer does not decode: {e}")))
             })
             .await
             .map_err(|e| self.broken(e))?;
         self.keep(s);
         answered.map(Some)
+    }
+
+    /// Pulls rows as `req` asks (its `map_epoch` set by the caller): the answer comes whole in
+    /// the header. `Ok(None)`: no connection could be made, or the shard is older than sparse
+    /// pulls on the bulk stream; pull through gRPC.
+    pub(crate) async fn pull_sparse(
+        &self,
+        req: &pb::PullSparseRequest,
+    ) -> Result<Option<pb::PullSparseResponse>, Status> {
+        if self.no_sparse_pull.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let span = trace::client_span(bulk::PULL_SPARSE_PATH, &self.addr());
+        let header = pb::PullSparseRequest {
+            trace_context: trace::context_map(&span),
+            authorization: self.authorization(),
+            ..req.clone()
+        }
+        .encode_to_vec();
+        let call = self.answered_in_header(bulk::PULL_SPARSE, &header, "a sparse pull");
+        let answer = traced(span, call).await;
+        match answer {
+            // A shard that does not know the method answered nothing.
+            Err(s) if s.code() == Code::Unimplemented => {
+                self.no_sparse_pull.store(true, Ordering::Relaxed);
+                Ok(None)
+            }
+            answer => answer,
+        }
     }
 
     /// Sends a pull (paced by the link) and reads its answer's head and header: the body's
@@ -478,9 +526,19 @@ impl BulkPool {
         s: &mut Conn,
         req: &pb::PullDenseRequest,
     ) -> io::Result<(u64, Result<Vec<u8>, Status>)> {
-        let header = req.encode_to_vec();
-        self.uplink(&header, &[]).await;
-        bulk::write_frame(s, bulk::PULL_DENSE, &header, &[]).await?;
+        self.ask(s, bulk::PULL_DENSE, &req.encode_to_vec()).await
+    }
+
+    /// Sends a call of `kind` without a body (paced by the link) and reads its answer's head
+    /// and header: the body's length, and the header or the refusal.
+    async fn ask(
+        &self,
+        s: &mut Conn,
+        kind: u32,
+        header: &[u8],
+    ) -> io::Result<(u64, Result<Vec<u8>, Status>)> {
+        self.uplink(header, &[]).await;
+        bulk::write_frame(s, kind, header, &[]).await?;
         read_answer(s).await
     }
 
@@ -539,7 +597,7 @@ fn protocol(msg: impl Into<String>) -> io::Error {
 async fn read_answer(s: &mut Conn) -> io::Result<(u64, Result<Vec<u8>, Status>)> {
     /// Error details are a few hundred bytes; more is not a refusal of ours.
     const MAX_DETAILS: u64 = 64 << 10;
-    let (head, header) = bulk::read_head(s, 64 << 20)
+    let (head, header) = bulk::read_head(s, MAX_ANSWER_HEADER)
         .await?
         .ok_or_else(|| io::Error::from(io::ErrorKind::UnexpectedEof))?;
     if head.kind == 0 {

@@ -347,18 +347,33 @@ impl PsClient {
                     held: asked[0].mask.clone(),
                     held_digests: asked[0].digests.clone(),
                     also,
+                    ..Default::default()
                 };
                 let also_bytes: usize = req.also.iter().map(prost::Message::encoded_len).sum();
-                self.inner.count_pull_request(
-                    &req.table,
-                    prost::Message::encoded_len(&req).saturating_sub(also_bytes),
-                );
-                let call = self.inner.call(shard, move |mut c, map_epoch| {
+                let req_bytes = prost::Message::encoded_len(&req);
+                self.inner
+                    .count_pull_request(&req.table, req_bytes.saturating_sub(also_bytes));
+                // By the shard's bulk stream where it has one (the answer whole in its
+                // header), for the stream's lower cost per call; a large pull through gRPC.
+                let bulk_sized = req_bytes <= crate::bulk::MAX_COMPRESSED_BYTES
+                    && positions.len() as f64 * row_bytes <= crate::bulk::MAX_SPARSE_ANSWER as f64;
+                let call = self.inner.call_shard(shard, move |mut s, map_epoch| {
                     let req = pb::PullSparseRequest {
                         map_epoch,
                         ..req.clone()
                     };
-                    async move { c.pull_sparse(req).await }
+                    async move {
+                        if let Some(bulk) = s.bulk().filter(|_| bulk_sized) {
+                            if let Some(answer) = bulk.pull_sparse(&req).await? {
+                                return Ok(answer);
+                            }
+                            s.rediscover_bulk().await;
+                        }
+                        s.grpc
+                            .pull_sparse(req)
+                            .await
+                            .map(tonic::Response::into_inner)
+                    }
                 });
                 async move { call.await.map(|r| (positions, asked, r)) }
             },

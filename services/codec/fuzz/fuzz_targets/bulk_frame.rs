@@ -44,6 +44,11 @@ fuzz_target!(|data: &[u8]| {
                 let _ = ps_core::PullDense::try_from(req);
             }
         }
+        bulk::PULL_SPARSE => {
+            if let Ok(req) = pb::PullSparseRequest::decode(&header[..]) {
+                let _ = ps_core::PullSparse::try_from(req);
+            }
+        }
         bulk::PUSH_SPARSE => {
             if let Ok(req) = pb::PushSparseRequest::decode(&header[..]) {
                 if let Some(len) = req.values.as_ref().map(bulk::push_payload_len) {

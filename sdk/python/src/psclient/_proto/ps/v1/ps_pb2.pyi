@@ -366,7 +366,14 @@ class PushSparseRequest(_message.Message):
     def __init__(self, table: _Optional[str] = ..., push_id: _Optional[_Union[PushId, _Mapping]] = ..., map_epoch: _Optional[int] = ..., ids: _Optional[_Iterable[int]] = ..., values: _Optional[_Union[Payload, _Mapping]] = ..., clock: _Optional[int] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., authorization: _Optional[str] = ..., fixed_ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PullSparseRequest(_message.Message):
-    __slots__ = ("table", "ids", "accept", "map_epoch", "held", "held_digests", "also", "fixed_ids")
+    __slots__ = ("table", "ids", "accept", "map_epoch", "held", "held_digests", "also", "fixed_ids", "trace_context", "authorization")
+    class TraceContextEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     TABLE_FIELD_NUMBER: _ClassVar[int]
     IDS_FIELD_NUMBER: _ClassVar[int]
     ACCEPT_FIELD_NUMBER: _ClassVar[int]
@@ -375,6 +382,8 @@ class PullSparseRequest(_message.Message):
     HELD_DIGESTS_FIELD_NUMBER: _ClassVar[int]
     ALSO_FIELD_NUMBER: _ClassVar[int]
     FIXED_IDS_FIELD_NUMBER: _ClassVar[int]
+    TRACE_CONTEXT_FIELD_NUMBER: _ClassVar[int]
+    AUTHORIZATION_FIELD_NUMBER: _ClassVar[int]
     table: str
     ids: _containers.RepeatedScalarFieldContainer[int]
     accept: Encoding
@@ -383,7 +392,9 @@ class PullSparseRequest(_message.Message):
     held_digests: _containers.RepeatedScalarFieldContainer[int]
     also: _containers.RepeatedCompositeFieldContainer[PullSparseAlso]
     fixed_ids: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., accept: _Optional[_Union[Encoding, str]] = ..., map_epoch: _Optional[int] = ..., held: _Optional[bytes] = ..., held_digests: _Optional[_Iterable[int]] = ..., also: _Optional[_Iterable[_Union[PullSparseAlso, _Mapping]]] = ..., fixed_ids: _Optional[_Iterable[int]] = ...) -> None: ...
+    trace_context: _containers.ScalarMap[str, str]
+    authorization: str
+    def __init__(self, table: _Optional[str] = ..., ids: _Optional[_Iterable[int]] = ..., accept: _Optional[_Union[Encoding, str]] = ..., map_epoch: _Optional[int] = ..., held: _Optional[bytes] = ..., held_digests: _Optional[_Iterable[int]] = ..., also: _Optional[_Iterable[_Union[PullSparseAlso, _Mapping]]] = ..., fixed_ids: _Optional[_Iterable[int]] = ..., trace_context: _Optional[_Mapping[str, str]] = ..., authorization: _Optional[str] = ...) -> None: ...
 
 class PullSparseAlso(_message.Message):
     __slots__ = ("table", "accept", "held", "held_digests")
