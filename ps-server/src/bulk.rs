@@ -321,16 +321,11 @@ async fn call<S: Store>(
         }
         bulk::PULL_DENSE => {
             discard(sock, head.body_len, timeout).await?;
-            let mut req = match pull_header(head, header) {
-                Ok(r) => r,
-                Err(refused) => return Ok(Err(refused)),
-            };
-            let parent = std::mem::take(&mut req.trace_context);
-            let authorization = std::mem::take(&mut req.authorization);
-            let (req, _admitted) = match gate.admit(PULL_DENSE_PATH, &authorization, req) {
-                Ok(r) => r,
-                Err(refused) => return Ok(Err(refused)),
-            };
+            let (req, parent, _admitted) =
+                match admit_call(gate, PULL_DENSE_PATH, pull_header(head, header)) {
+                    Ok(a) => a,
+                    Err(refused) => return Ok(Err(refused)),
+                };
             let plain = matches!(
                 req.get_ref().accept(),
                 pb::Encoding::F32 | pb::Encoding::Unspecified
@@ -357,16 +352,11 @@ async fn call<S: Store>(
         }
         bulk::PULL_SPARSE => {
             discard(sock, head.body_len, timeout).await?;
-            let mut req = match sparse_pull_header(head, header) {
-                Ok(r) => r,
-                Err(refused) => return Ok(Err(refused)),
-            };
-            let parent = std::mem::take(&mut req.trace_context);
-            let authorization = std::mem::take(&mut req.authorization);
-            let (req, _admitted) = match gate.admit(PULL_SPARSE_PATH, &authorization, req) {
-                Ok(r) => r,
-                Err(refused) => return Ok(Err(refused)),
-            };
+            let (req, parent, _admitted) =
+                match admit_call(gate, PULL_SPARSE_PATH, sparse_pull_header(head, header)) {
+                    Ok(a) => a,
+                    Err(refused) => return Ok(Err(refused)),
+                };
             // The answer whole in the header: its rows are gathered into one payload per table
             // already, between the tables' `unchanged` masks.
             let answer = trace::serve_bulk(PULL_SPARSE_PATH, &parent, svc.pull_sparse(req)).await;
@@ -387,30 +377,58 @@ async fn call<S: Store>(
     }
 }
 
-/// A push request as the bulk stream carries it: credentials and trace context in the
-/// message (gRPC carries them in metadata), values in the body.
-trait BulkPush {
+/// A request as the bulk stream carries it: credentials and trace context in the message
+/// (gRPC carries them in metadata).
+trait Credentialed {
     /// Takes out the caller's credentials and trace context.
     fn credentials(&mut self) -> (String, HashMap<String, String>);
+}
+
+macro_rules! credentialed {
+    ($($t:ty),*) => {$(
+        impl Credentialed for $t {
+            fn credentials(&mut self) -> (String, HashMap<String, String>) {
+                (take(&mut self.authorization), take(&mut self.trace_context))
+            }
+        }
+    )*};
+}
+credentialed!(
+    pb::PushDenseRequest,
+    pb::PushSparseRequest,
+    pb::PullDenseRequest,
+    pb::PullSparseRequest
+);
+
+/// A call admitted on the bulk stream: its request (the caller in its extensions), the
+/// caller's trace context, and the admission that holds its place in the caller's limits.
+type Admitted<T> = (Request<T>, HashMap<String, String>, Option<Admission>);
+
+/// Admits a call to `path` whose header was `checked`, by the credentials in it.
+fn admit_call<T: Credentialed>(
+    gate: &Gate,
+    path: &str,
+    checked: Result<T, Status>,
+) -> Result<Admitted<T>, Status> {
+    let mut req = checked?;
+    let (authorization, parent) = req.credentials();
+    let (req, admission) = gate.admit(path, &authorization, req)?;
+    Ok((req, parent, admission))
+}
+
+/// A push request as the bulk stream carries it, its values in the body.
+trait BulkPush: Credentialed {
     /// Gives the payloads their data: `body`, exactly the bytes the header called for.
     fn fill(&mut self, body: Bytes);
 }
 
 impl BulkPush for pb::PushDenseRequest {
-    fn credentials(&mut self) -> (String, HashMap<String, String>) {
-        (take(&mut self.authorization), take(&mut self.trace_context))
-    }
-
     fn fill(&mut self, body: Bytes) {
         bulk::put_slice_data(&mut self.slices, body);
     }
 }
 
 impl BulkPush for pb::PushSparseRequest {
-    fn credentials(&mut self) -> (String, HashMap<String, String>) {
-        (take(&mut self.authorization), take(&mut self.trace_context))
-    }
-
     fn fill(&mut self, body: Bytes) {
         if let Some(v) = self.values.as_mut().filter(|v| bulk::takes_body(v)) {
             v.data = body;
@@ -449,12 +467,7 @@ async fn push_call<'a, T: BulkPush>(
     into: BodyDest<'_>,
 ) -> io::Result<Result<Push<'a, T>, Status>> {
     let timeout = limits.frame_timeout;
-    let admitted = checked.and_then(|mut req| {
-        let (authorization, parent) = req.credentials();
-        gate.admit(path, &authorization, req)
-            .map(|(req, admission)| (req, parent, admission))
-    });
-    let (mut req, parent, admission) = match admitted {
+    let (mut req, parent, admission) = match admit_call(gate, path, checked) {
         Ok(a) => a,
         Err(refused) => {
             discard(sock, head.body_len, timeout).await?;
