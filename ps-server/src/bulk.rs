@@ -1,6 +1,6 @@
 //! The bulk stream's server: `PushDense` and `PushSparse` (plain f32 values as the body,
 //! compressed ones in the header), `PullDense` (plain f32 answered as the body, other
-//! encodings in the answer's header) and `PullSparse` (answered in the header) over a raw TCP
+//! encodings and delta pulls in the answer's header) and `PullSparse` (answered in the header) over a raw TCP
 //! stream (the framing is `ps_proto::bulk`,
 //! described in `ps.proto`). Each call is decoded
 //! into the same wire request the gRPC edge receives and handed to the same [`PsService`]
@@ -326,13 +326,17 @@ async fn call<S: Store>(
                     Ok(a) => a,
                     Err(refused) => return Ok(Err(refused)),
                 };
-            let plain = matches!(
-                req.get_ref().accept(),
-                pb::Encoding::F32 | pb::Encoding::Unspecified
-            );
+            // A delta pull's chunks come as changes or whole, each as the shard chose: like
+            // another encoding, answered whole in the header.
+            let plain = req.get_ref().delta.is_none()
+                && matches!(
+                    req.get_ref().accept(),
+                    pb::Encoding::F32 | pb::Encoding::Unspecified
+                );
             let answer = trace::serve_bulk(PULL_DENSE_PATH, &parent, svc.pull_dense(req)).await;
             Ok(match answer {
-                // Another encoding: the answer whole in the header, its values in place.
+                // Another encoding or a delta: the answer whole in the header, its values in
+                // place.
                 Ok(r) if !plain => Ok((r.into_inner().encode_to_vec(), Vec::new())),
                 Ok(r) => {
                     let mut r = r.into_inner();
@@ -609,11 +613,6 @@ fn pull_header(head: Head, header: &[u8]) -> Result<pb::PullDenseRequest, Status
     if head.body_len != 0 {
         return Err(bad_header("a bulk PullDense has no body".into()));
     }
-    if req.delta.is_some() {
-        return Err(not_on_bulk_stream(
-            "the bulk stream answers no delta pulls; pull deltas through gRPC",
-        ));
-    }
     Ok(req)
 }
 
@@ -625,16 +624,6 @@ fn sparse_pull_header(head: Head, header: &[u8]) -> Result<pb::PullSparseRequest
         return Err(bad_header("a bulk PullSparse has no body".into()));
     }
     Ok(req)
-}
-
-/// A call the bulk stream does not carry, which gRPC does.
-fn not_on_bulk_stream(message: &str) -> Status {
-    refusal(
-        Code::InvalidArgument,
-        reason::NOT_ON_BULK_STREAM,
-        message,
-        [],
-    )
 }
 
 /// A bulk call whose header does not match the stream's framing rules.

@@ -970,21 +970,6 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
         f16.slices[0].values.as_ref().unwrap().encoding(),
         pb::Encoding::F16
     );
-    // A delta pull is not for the bulk stream.
-    let delta_pull = pb::PullDenseRequest {
-        delta: Some(pb::DeltaPull {
-            client_id: 42,
-            ratio: 0.5,
-            versions: vec![0; pull.chunks.len()],
-        }),
-        ..pull.clone()
-    };
-    bulk_refused(
-        Code::InvalidArgument,
-        "NOT_ON_BULK_STREAM",
-        "through gRPC",
-        bulk_call(&mut sock, PULL_DENSE, &delta_pull, &[]).await,
-    );
     bulk_refused(
         Code::Unimplemented,
         "NOT_ON_BULK_STREAM",
@@ -1001,7 +986,7 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
         .unwrap()
         .into_inner();
     assert_eq!((stats.pushes_applied, stats.pushes_duplicate), (1, 2));
-    assert_eq!(stats.bulk_calls, 19);
+    assert_eq!(stats.bulk_calls, 18);
 
     // A stream that is not speaking the bulk framing is closed.
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -1014,6 +999,114 @@ async fn the_bulk_stream_applies_pushes_once_and_refuses_bad_input_on_a_usable_s
         .unwrap();
     let mut buf = [0u8; 16];
     assert_eq!(stray.read(&mut buf).await.unwrap_or(0), 0);
+    drop(sock);
+    shard.stop().await;
+}
+
+/// Delta pulls on the bulk stream: answered whole in the header, as gRPC answers the same
+/// pulls of another client (whole chunks in f32 first, then the change since), save for the
+/// replicas' versions, which the shard draws at random; a bad one refused as gRPC refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_bulk_stream_answers_delta_pulls_as_grpc_does() {
+    use ps_proto::bulk::PULL_DENSE;
+    let mut shard = start(1 << 20).await;
+    let c = &mut shard.client;
+    // Small chunks (their whole change in fp16) and large ones (the top of their change).
+    for (name, len, chunk) in [("ds", 12, 4), ("dl", 3 * 4096, 4096)] {
+        c.create_table(pb::CreateTableRequest {
+            spec: Some(dense_spec(name, len, chunk, pb::NonFinitePolicy::Reject)),
+        })
+        .await
+        .unwrap();
+    }
+    let mut sock = bulk_socket(c).await;
+    for (name, len) in [("ds", 4usize), ("dl", 4096)] {
+        let (chunks, _) = chunks_for(name, 3);
+        let delta = |client_id: u64, versions: &[u64]| pb::PullDenseRequest {
+            table: name.into(),
+            chunks: chunks.clone(),
+            delta: Some(pb::DeltaPull {
+                client_id,
+                ratio: 0.01,
+                versions: versions.to_vec(),
+            }),
+            ..Default::default()
+        };
+        let none = vec![0; chunks.len()];
+        let (mut bulk_versions, mut grpc_versions) = (none.clone(), none);
+        for round in 0..3 {
+            let (code, header, body) =
+                bulk_call(&mut sock, PULL_DENSE, &delta(42, &bulk_versions), &[]).await;
+            assert_eq!(code, 0, "{}", String::from_utf8_lossy(&header));
+            assert!(body.is_empty(), "a delta pull is answered in the header");
+            let by_bulk: pb::PullDenseResponse = prost::Message::decode(header.as_slice()).unwrap();
+            let by_grpc = c
+                .pull_dense(delta(43, &grpc_versions))
+                .await
+                .unwrap()
+                .into_inner();
+            assert_eq!(by_bulk.slices, by_grpc.slices, "{name}, round {round}");
+            assert_eq!(by_bulk.is_delta, by_grpc.is_delta);
+            // Whole chunks first, then changes against the replica each pull left.
+            assert_eq!(by_bulk.is_delta, vec![round > 0; chunks.len()], "{name}");
+            assert!(by_bulk.versions.iter().all(|&v| v != 0));
+            if round > 0 {
+                let encoding = by_bulk.slices[0].values.as_ref().unwrap().encoding();
+                let want = if len <= 2048 {
+                    pb::Encoding::F16
+                } else {
+                    pb::Encoding::SparseF16
+                };
+                assert_eq!(encoding, want, "{name}");
+            }
+            (bulk_versions, grpc_versions) = (by_bulk.versions, by_grpc.versions);
+            // Move every chunk before the next pull.
+            let grad = (0..len)
+                .map(|i| (i % 7) as f32 - 3.0 + round as f32)
+                .collect::<Vec<_>>();
+            c.push_dense(pb::PushDenseRequest {
+                table: name.into(),
+                push_id: push_id(),
+                slices: chunks
+                    .iter()
+                    .map(|&chunk| pb::DenseSlice {
+                        chunk,
+                        values: Some(ps_core::Payload::from_f32(&grad).into()),
+                    })
+                    .collect(),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+    }
+    // One version short: refused as gRPC refuses it, and the stream still answers.
+    let (chunks, _) = chunks_for("ds", 3);
+    let short = pb::PullDenseRequest {
+        table: "ds".into(),
+        chunks: chunks.clone(),
+        delta: Some(pb::DeltaPull {
+            client_id: 42,
+            ratio: 0.5,
+            versions: vec![0; chunks.len() - 1],
+        }),
+        ..Default::default()
+    };
+    let grpc = c.pull_dense(short.clone()).await.unwrap_err();
+    bulk_refused(
+        grpc.code(),
+        "INVALID_FIELD",
+        "versions",
+        bulk_call(&mut sock, PULL_DENSE, &short, &[]).await,
+    );
+    let plain = pb::PullDenseRequest {
+        table: "ds".into(),
+        chunks,
+        ..Default::default()
+    };
+    let (code, _, body) = bulk_call(&mut sock, PULL_DENSE, &plain, &[]).await;
+    assert_eq!(code, 0);
+    assert_eq!(body.len(), 4 * 4 * plain.chunks.len());
     drop(sock);
     shard.stop().await;
 }

@@ -916,7 +916,8 @@ async fn compressed_pushes_go_by_the_bulk_stream_as_grpc_would_apply_them() {
 }
 
 /// Delta pulls: the first pull of a chunk comes whole, later ones bring the top-k of the change
-/// since the last pull, and a client's copy converges to the table's values; a client that
+/// since the last pull (each by the bulk stream), and a client's copy converges to the table's
+/// values; a client that
 /// lost its copy (same id, fresh state) gets whole chunks again, never a change against a
 /// replica it does not hold.
 #[tokio::test]
@@ -936,6 +937,10 @@ async fn delta_pulls_converge_and_resync() {
         cfg
     };
     let reader = PsClient::connect(reader_cfg()).await.unwrap();
+    let bulk_calls = async || -> u64 {
+        let stats = writer.stats().await.unwrap();
+        stats.iter().map(|s| s.bulk_calls).sum()
+    };
     writer.push_dense("m", &gradient(6000, 1)).await.unwrap();
     let exact = writer.pull_dense("m").await.unwrap();
     assert_eq!(
@@ -956,12 +961,18 @@ async fn delta_pulls_converge_and_resync() {
                 .map(|(a, b)| (a - b).abs())
                 .fold(0.0f32, f32::max)
         };
+        // Delta pulls go by the bulk stream: each one bulk call per shard it asks.
+        let calls = bulk_calls().await;
         let first = reader.pull_dense("m").await.unwrap();
+        let per_pull = bulk_calls().await - calls;
+        assert!(per_pull >= 1, "a delta pull by the bulk stream");
         assert!(gap(&first) > 0.0, "10% of a change is not all of it");
         let mut got = first;
+        let calls = bulk_calls().await;
         for _ in 0..40 {
             got = reader.pull_dense("m").await.unwrap();
         }
+        assert_eq!(bulk_calls().await - calls, 40 * per_pull);
         last_gap = gap(&got);
         assert!(
             last_gap < 1e-5,

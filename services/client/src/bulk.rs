@@ -78,6 +78,9 @@ pub(crate) struct BulkPool {
     /// The shard answered a bulk sparse pull `unimplemented` (it is older than them): sparse
     /// pulls go through gRPC.
     no_sparse_pull: AtomicBool,
+    /// The shard refused a delta pull as not for the bulk stream (it is older than them):
+    /// delta pulls go through gRPC.
+    no_delta: AtomicBool,
     /// The emulated link every call's frames cross (`ClientConfig::link_mbps`), shared with
     /// the client's gRPC channels.
     link: Option<Arc<Link>>,
@@ -113,6 +116,7 @@ impl BulkPool {
             no_push_pull: AtomicBool::new(false),
             no_compressed: AtomicBool::new(false),
             no_sparse_pull: AtomicBool::new(false),
+            no_delta: AtomicBool::new(false),
             link,
         })
     }
@@ -433,13 +437,24 @@ impl BulkPool {
         }
     }
 
-    /// Pulls `req`, whose `accept` is an encoding other than plain f32: the answer comes whole,
-    /// its values in its header. `Ok(None)`: no connection could be made, or the shard is older
-    /// than such pulls on the bulk stream; pull through gRPC.
+    /// Whether delta pulls may go by this shard's bulk stream: `false` once it refused one as
+    /// older than them.
+    pub(crate) fn takes_delta(&self) -> bool {
+        !self.no_delta.load(Ordering::Relaxed)
+    }
+
+    /// Pulls `req`, whose `accept` is an encoding other than plain f32 or which is a delta
+    /// pull: the answer comes whole, its values in its header. `Ok(None)`: no connection could
+    /// be made, or the shard is older than such pulls on the bulk stream; pull through gRPC.
     pub(crate) async fn pull_dense_encoded(
         &self,
         req: &pb::PullDenseRequest,
     ) -> Result<Option<pb::PullDenseResponse>, Status> {
+        let older = if req.delta.is_some() {
+            &self.no_delta
+        } else {
+            &self.no_compressed
+        };
         let span = trace::client_span(bulk::PULL_DENSE_PATH, &self.addr());
         let req = pb::PullDenseRequest {
             trace_context: trace::context_map(&span),
@@ -450,7 +465,7 @@ impl BulkPool {
         let call = self.answered_in_header(bulk::PULL_DENSE, &header, "an encoded pull");
         match traced(span, call).await {
             Err(s) if refused_as_older(&s) => {
-                self.no_compressed.store(true, Ordering::Relaxed);
+                older.store(true, Ordering::Relaxed);
                 Ok(None)
             }
             answer => answer,

@@ -60,12 +60,26 @@ impl PsClient {
                 };
                 self.inner
                     .count_pull_request(&req.table, prost::Message::encoded_len(&req));
-                let call = self.inner.call(shard, move |mut c, map_epoch| {
+                // By the shard's bulk stream, answered whole in its header; through gRPC
+                // where it has none or is older than delta pulls there.
+                let call = self.inner.call_shard(shard, move |mut s, map_epoch| {
                     let req = pb::PullDenseRequest {
                         map_epoch,
                         ..req.clone()
                     };
-                    async move { c.pull_dense(req).await }
+                    async move {
+                        let by_bulk = match s.bulk().filter(|b| b.takes_delta()) {
+                            Some(bulk) => bulk.pull_dense_encoded(&req).await?,
+                            None => None,
+                        };
+                        match by_bulk {
+                            Some(resp) => Ok(resp),
+                            None => {
+                                s.rediscover_bulk().await;
+                                Ok(s.grpc.pull_dense(req).await?.into_inner())
+                            }
+                        }
+                    }
                 });
                 async move { call.await.map(|r| (r, shard)) }
             })
