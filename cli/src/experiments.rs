@@ -11,6 +11,7 @@
 //! unless their flags changed or `--rerun` is given, so an interrupted runner picks up where it
 //! stopped.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -927,6 +928,67 @@ fn time_to(suite: &Suite, label: &str, results: &[RunResult], bar: f64) -> (f64,
     (mean_std(&times).0, times.len(), runs.len())
 }
 
+/// Seed by seed, how much sooner `label`'s run reached `bar` than f32's run of the same seed
+/// (same initial values, same order of examples): the geometric mean of those ratios and its
+/// 95% interval (Student's t over the logs; none from one seed), over the seeds both reached.
+fn paired_speedup(suite: &Suite, label: &str, results: &[RunResult], bar: f64) -> Option<Paired> {
+    let reached = |config: &str| -> HashMap<u64, f64> {
+        results
+            .iter()
+            .filter(|r| r.suite == suite.name && r.config == config)
+            .filter_map(|r| {
+                let t = r.curve.iter().find(|&&(_, a)| a >= bar)?.0;
+                Some((r.seed, t))
+            })
+            .collect()
+    };
+    let (base, other) = (reached(F32_BOTH), reached(label));
+    let logs: Vec<f64> = other
+        .iter()
+        .filter_map(|(seed, t)| Some((base.get(seed)? / t).ln()))
+        .filter(|l| l.is_finite())
+        .collect();
+    if logs.is_empty() {
+        return None;
+    }
+    let (mean, sd) = mean_std(&logs);
+    let half = (logs.len() > 1).then(|| t_975(logs.len() - 1) * sd / (logs.len() as f64).sqrt());
+    Some(Paired {
+        ratio: mean.exp(),
+        interval: half.map(|h| ((mean - h).exp(), (mean + h).exp())),
+        seeds: logs.len(),
+    })
+}
+
+/// [`paired_speedup`]'s answer.
+struct Paired {
+    ratio: f64,
+    interval: Option<(f64, f64)>,
+    seeds: usize,
+}
+
+impl Paired {
+    fn describe(&self) -> String {
+        match self.interval {
+            Some((lo, hi)) => format!(
+                "paired by seed {:.2}x, 95% interval {lo:.2}-{hi:.2}x over {} seeds",
+                self.ratio, self.seeds
+            ),
+            None => format!("paired by seed {:.2}x over 1 seed", self.ratio),
+        }
+    }
+}
+
+/// Student's t at 97.5% for `df` degrees of freedom (1.96 past 30).
+fn t_975(df: usize) -> f64 {
+    const T: [f64; 30] = [
+        12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+        2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+        2.052, 2.048, 2.045, 2.042,
+    ];
+    T.get(df.wrapping_sub(1)).copied().unwrap_or(1.96)
+}
+
 /// A link suite's bar: f32's mean final accuracy less half a point.
 fn link_bar(rows: &[Row]) -> Option<f64> {
     rows.iter()
@@ -1075,9 +1137,12 @@ fn checks(suite: &Suite, rows: &[Row], results: &[RunResult]) -> Vec<Check> {
                     measured: if reached == 0 {
                         format!("not reached ({runs} runs)")
                     } else {
+                        let paired = paired_speedup(suite, label, results, bar)
+                            .map(|p| format!("; {}", p.describe()))
+                            .unwrap_or_default();
                         format!(
                             "{:.2}x ({t:.1} s against {f32_time:.1} s; {reached}/{runs} and \
-                             {f32_reached}/{f32_runs} runs reached it)",
+                             {f32_reached}/{f32_runs} runs reached it{paired})",
                             f32_time / t
                         )
                     },
@@ -1217,8 +1282,10 @@ fn report(a: &ExperimentArgs, suites: &[Suite], results: &[RunResult]) -> String
          them when the report is made again). Bytes per step are what the evaluating worker pushed per clock on the wire, after the \
          codec and lz4, with the f32 size beside them. Time to target is the evaluating worker's \
          training time (its evaluations left out) at its first evaluation at or above the \
-         target, over the seeds that reached it. Each configuration's row names the `psctl \
-         local` flags that repeat one run (add `--seed N`). A section whose runs recorded \
+         target, over the seeds that reached it; a link suite's speed-up is the ratio of \
+         those means, and its targets also give it seed by seed (each run against f32's run \
+         of the same seed: the geometric mean of the ratios and its 95% interval). Each \
+         configuration's row names the `psctl local` flags that repeat one run (add `--seed N`). A section whose runs recorded \
          it says when they ended and on which machine; the sections without that line come \
          from runs made before it was recorded (README.md names them). Compare a section's \
          rows with each other, not with another section's made on another day or machine.\n"
@@ -1397,6 +1464,57 @@ mod tests {
         );
         assert!(md.contains("10 seeds; target"), "{md}");
         assert!(md.contains("--seeds 10"), "{md}");
+    }
+
+    #[test]
+    fn a_paired_speedup_compares_each_seed_with_f32s() {
+        let suite = suites()
+            .into_iter()
+            .find(|s| s.name == "links-sparse-1000")
+            .unwrap();
+        let run = |config: &str, seed: u64, t: f64| RunResult {
+            suite: suite.name.into(),
+            config: config.into(),
+            seed,
+            flags: Vec::new(),
+            test_accuracy: 0.85,
+            auc: None,
+            wire_bytes_per_step: 1.0,
+            raw_bytes_per_step: 1.0,
+            pull_wire_bytes_per_step: 1.0,
+            pull_raw_bytes_per_step: 1.0,
+            pull_request_bytes_per_step: None,
+            phase_ms_per_step: PhaseMs::default(),
+            train_s: 1.0,
+            time_to_target_s: Some(t),
+            curve: vec![(t / 2.0, 0.5), (t, 0.85)],
+            finished_unix_s: None,
+            host: None,
+        };
+        // Seed 1 twice as fast, seed 2 half as fast, seed 3 the same; seed 4 never reached
+        // the bar under f32, so it does not count.
+        let results = vec![
+            run(F32_BOTH, 1, 2.0),
+            run(F32_BOTH, 2, 1.0),
+            run(F32_BOTH, 3, 3.0),
+            run(FP16_BOTH, 1, 1.0),
+            run(FP16_BOTH, 2, 2.0),
+            run(FP16_BOTH, 3, 3.0),
+            run(FP16_BOTH, 4, 1.0),
+        ];
+        let p = paired_speedup(&suite, FP16_BOTH, &results, 0.8).unwrap();
+        assert_eq!(p.seeds, 3);
+        assert!((p.ratio - 1.0).abs() < 1e-12, "{}", p.ratio);
+        // logs ln 2, -ln 2, 0: sd ln 2; half width 4.303 * ln 2 / sqrt 3.
+        let half = 4.303 * 2f64.ln() / 3f64.sqrt();
+        let (lo, hi) = p.interval.unwrap();
+        assert!((lo - (-half).exp()).abs() < 1e-9 && (hi - half.exp()).abs() < 1e-9);
+        assert!(
+            p.describe().contains("1.00x, 95% interval"),
+            "{}",
+            p.describe()
+        );
+        assert!(paired_speedup(&suite, FP16_BOTH, &results, 0.9).is_none());
     }
 
     #[test]
