@@ -1403,6 +1403,35 @@ mod tests {
         }
     }
 
+    /// A run of `config` in `suite` that ended at 85% and reached the target at `t` seconds.
+    fn run_result(
+        suite: &Suite,
+        config: &str,
+        seed: u64,
+        t: f64,
+        curve: Vec<(f64, f64)>,
+    ) -> RunResult {
+        RunResult {
+            suite: suite.name.into(),
+            config: config.into(),
+            seed,
+            flags: Vec::new(),
+            test_accuracy: 0.85,
+            auc: None,
+            wire_bytes_per_step: 1.0,
+            raw_bytes_per_step: 1.0,
+            pull_wire_bytes_per_step: 1.0,
+            pull_raw_bytes_per_step: 1.0,
+            pull_request_bytes_per_step: None,
+            phase_ms_per_step: PhaseMs::default(),
+            train_s: 1.0,
+            time_to_target_s: Some(t),
+            curve,
+            finished_unix_s: None,
+            host: None,
+        }
+    }
+
     #[test]
     fn a_suite_keeps_the_seeds_stored_past_this_run_and_its_section_counts_them() {
         #[derive(clap::Parser)]
@@ -1418,23 +1447,8 @@ mod tests {
             .find(|s| s.name == "links-sparse-1000")
             .unwrap();
         let result = |c: &Config, seed: u64, flags: Vec<String>| RunResult {
-            suite: suite.name.into(),
-            config: c.label.into(),
-            seed,
             flags,
-            test_accuracy: 0.85,
-            auc: None,
-            wire_bytes_per_step: 1.0,
-            raw_bytes_per_step: 1.0,
-            pull_wire_bytes_per_step: 1.0,
-            pull_raw_bytes_per_step: 1.0,
-            pull_request_bytes_per_step: None,
-            phase_ms_per_step: PhaseMs::default(),
-            train_s: 1.0,
-            time_to_target_s: Some(0.5),
-            curve: Vec::new(),
-            finished_unix_s: None,
-            host: None,
+            ..run_result(&suite, c.label, seed, 0.5, Vec::new())
         };
         // Ten seeds of every configuration stored with today's flags, and one more seed whose
         // flags have changed since (it must not come back).
@@ -1472,24 +1486,8 @@ mod tests {
             .into_iter()
             .find(|s| s.name == "links-sparse-1000")
             .unwrap();
-        let run = |config: &str, seed: u64, t: f64| RunResult {
-            suite: suite.name.into(),
-            config: config.into(),
-            seed,
-            flags: Vec::new(),
-            test_accuracy: 0.85,
-            auc: None,
-            wire_bytes_per_step: 1.0,
-            raw_bytes_per_step: 1.0,
-            pull_wire_bytes_per_step: 1.0,
-            pull_raw_bytes_per_step: 1.0,
-            pull_request_bytes_per_step: None,
-            phase_ms_per_step: PhaseMs::default(),
-            train_s: 1.0,
-            time_to_target_s: Some(t),
-            curve: vec![(t / 2.0, 0.5), (t, 0.85)],
-            finished_unix_s: None,
-            host: None,
+        let run = |config: &str, seed: u64, t: f64| {
+            run_result(&suite, config, seed, t, vec![(t / 2.0, 0.5), (t, 0.85)])
         };
         // Seed 1 twice as fast, seed 2 half as fast, seed 3 the same; seed 4 never reached
         // the bar under f32, so it does not count.
