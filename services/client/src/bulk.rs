@@ -437,15 +437,10 @@ impl BulkPool {
         }
     }
 
-    /// Whether delta pulls may go by this shard's bulk stream: `false` once it refused one as
-    /// older than them.
-    pub(crate) fn takes_delta(&self) -> bool {
-        !self.no_delta.load(Ordering::Relaxed)
-    }
-
     /// Pulls `req`, whose `accept` is an encoding other than plain f32 or which is a delta
     /// pull: the answer comes whole, its values in its header. `Ok(None)`: no connection could
-    /// be made, or the shard is older than such pulls on the bulk stream; pull through gRPC.
+    /// be made, or the shard is older than such pulls on the bulk stream (it refused one, and
+    /// the later ones are not sent); pull through gRPC.
     pub(crate) async fn pull_dense_encoded(
         &self,
         req: &pb::PullDenseRequest,
@@ -455,6 +450,9 @@ impl BulkPool {
         } else {
             &self.no_compressed
         };
+        if older.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
         let span = trace::client_span(bulk::PULL_DENSE_PATH, &self.addr());
         let req = pb::PullDenseRequest {
             trace_context: trace::context_map(&span),

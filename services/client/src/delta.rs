@@ -67,19 +67,7 @@ impl PsClient {
                         map_epoch,
                         ..req.clone()
                     };
-                    async move {
-                        let by_bulk = match s.bulk().filter(|b| b.takes_delta()) {
-                            Some(bulk) => bulk.pull_dense_encoded(&req).await?,
-                            None => None,
-                        };
-                        match by_bulk {
-                            Some(resp) => Ok(resp),
-                            None => {
-                                s.rediscover_bulk().await;
-                                Ok(s.grpc.pull_dense(req).await?.into_inner())
-                            }
-                        }
-                    }
+                    async move { s.pull_dense_answered(req).await }
                 });
                 async move { call.await.map(|r| (r, shard)) }
             })

@@ -563,16 +563,11 @@ impl PsClient {
                         return Ok(Ok(()));
                     }
                     // Other encodings by the bulk stream too, answered in its header.
-                    let by_bulk = match s.bulk().filter(|b| !plain && b.takes_compressed()) {
-                        Some(bulk) => bulk.pull_dense_encoded(&req).await?,
-                        None => None,
-                    };
-                    let resp = match by_bulk {
-                        Some(resp) => resp,
-                        None => {
-                            s.rediscover_bulk().await;
-                            s.grpc.pull_dense(req).await?.into_inner()
-                        }
+                    let resp = if plain {
+                        s.rediscover_bulk().await;
+                        s.grpc.pull_dense(req).await?.into_inner()
+                    } else {
+                        s.pull_dense_answered(req).await?
                     };
                     let (wire, values) = slice_bytes(&resp.slices);
                     self.inner.count_pull(table, codec, wire, values);

@@ -73,6 +73,26 @@ impl Shard {
         self.bulk.as_deref().filter(|b| b.usable())
     }
 
+    /// A dense pull answered whole in a message (`req` asks another encoding than plain f32,
+    /// or is a delta pull): by the bulk stream where the shard takes such pulls there, else
+    /// through gRPC.
+    pub(crate) async fn pull_dense_answered(
+        &mut self,
+        req: pb::PullDenseRequest,
+    ) -> Result<pb::PullDenseResponse, tonic::Status> {
+        let by_bulk = match self.bulk() {
+            Some(bulk) => bulk.pull_dense_encoded(&req).await?,
+            None => None,
+        };
+        match by_bulk {
+            Some(resp) => Ok(resp),
+            None => {
+                self.rediscover_bulk().await;
+                Ok(self.grpc.pull_dense(req).await?.into_inner())
+            }
+        }
+    }
+
     /// After the bulk port could not be reached: asks the shard for it again (a shard that
     /// restarted on a system-picked port has a new one). One cheap call, made only then.
     pub(crate) async fn rediscover_bulk(&mut self) {
