@@ -1085,6 +1085,91 @@ async fn an_emulated_link_paces_the_transfers() {
     cluster.stop().await;
 }
 
+/// A dense push too small to be worth compressing on the client's link goes as plain f32
+/// whatever its table's codec: at 1 Gbit/s (declared or emulated) a 2,048-value tensor
+/// crosses in 0.07 ms and goes whole, a 20,000-value one is compressed; at 100 Mbit/s the
+/// 2,048 values are compressed too. Without a known link only the codec's own floor counts.
+/// Sparse pushes keep their codec.
+#[tokio::test]
+async fn a_push_under_the_links_floor_goes_as_f32() {
+    assert_eq!(ps_client::push_floor(Some(1000.0)), 15_625);
+    assert_eq!(ps_client::push_floor(Some(100.0)), 1_562);
+    assert_eq!(ps_client::push_floor(None), 0);
+    let cluster = TestCluster::start(1).await;
+    let topk = Codec::TopK {
+        ratio: 0.01,
+        values: SparseValues::F32,
+    };
+    let client = |declared: Option<f64>, emulated: Option<f64>| {
+        let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+        cfg.link_speed_mbps = declared;
+        cfg.link_mbps = emulated;
+        async move {
+            let ps = PsClient::connect(cfg).await.unwrap();
+            for t in ["floor/small", "floor/big", "floor/rows"] {
+                ps.set_table_codec(t, pushes_in(topk)).unwrap();
+            }
+            ps
+        }
+    };
+    let fast = client(Some(1000.0), None).await;
+    let emulated = client(None, Some(1000.0)).await;
+    let slow = client(Some(100.0), None).await;
+    let unknown = client(None, None).await;
+    fast.create_table(dense_sgd("floor/small", &[2048], 1.0))
+        .await
+        .unwrap();
+    fast.create_table(dense_sgd("floor/big", &[20_000], 1.0))
+        .await
+        .unwrap();
+    let small = gradient(2048, 1);
+    let big = gradient(20_000, 2);
+    // Whole at 1 Gbit/s, declared or emulated: the table holds all of minus each gradient,
+    // and nothing is owed.
+    let mut want = vec![0.0f32; 2048];
+    for ps in [&fast, &emulated] {
+        let pushed = ps.push_dense("floor/small", &small).await.unwrap();
+        assert!(pushed.wire_bytes >= 2048 * 4, "{}", pushed.wire_bytes);
+        assert!(
+            ps.dense_residual("floor/small")
+                .unwrap()
+                .iter()
+                .all(|r| *r == 0.0)
+        );
+        for (w, g) in want.iter_mut().zip(&small) {
+            *w -= g;
+        }
+        assert_eq!(fast.pull_dense("floor/small").await.unwrap(), want);
+    }
+    // Compressed at 1 Gbit/s when big enough, and at 100 Mbit/s or with no link known when
+    // over the codec's own floor: about 1% of the values go, the rest is owed.
+    let pushed = fast.push_dense("floor/big", &big).await.unwrap();
+    assert!(pushed.wire_bytes < 20_000, "{}", pushed.wire_bytes);
+    for ps in [&slow, &unknown] {
+        let pushed = ps.push_dense("floor/small", &small).await.unwrap();
+        assert!(pushed.wire_bytes < 2048, "{}", pushed.wire_bytes);
+        let owed = ps.dense_residual("floor/small").unwrap();
+        assert!(owed.iter().filter(|r| **r != 0.0).count() > 2000);
+    }
+    // 400 rows of 8 values under the 1 Gbit/s floor: still top-k, the few rows it sends.
+    fast.create_table(sparse_sgd("floor/rows", 8, 1.0))
+        .await
+        .unwrap();
+    let ids: Vec<u64> = (0..400).collect();
+    let pushed = fast
+        .push_sparse("floor/rows", &ids, &gradient(400 * 8, 3))
+        .await
+        .unwrap();
+    assert!(pushed.rows < 100, "{} rows sent", pushed.rows);
+    // A declared speed that is not a positive number is refused.
+    for bad in [0.0, f64::NAN, f64::INFINITY] {
+        let mut cfg = ClientConfig::new(cluster.endpoints.clone());
+        cfg.link_speed_mbps = Some(bad);
+        assert!(PsClient::connect(cfg).await.is_err(), "{bad}");
+    }
+    cluster.stop().await;
+}
+
 /// A push the shard refused (certainly not applied) gives its part back to the residual; a
 /// push whose fate is unknown (the shard went away under it: it may have been applied) does
 /// not, so error feedback never sends a gradient twice.

@@ -45,6 +45,12 @@ pub struct WorkerConfig {
     /// Emulate a link of this many megabits per second for pushes and pulls.
     #[arg(long, env = "PS_LINK_MBPS")]
     pub link_mbps: Option<f64>,
+    /// The speed of this worker's real link to the shards, in megabits per second, where it is
+    /// known: a dense push whose f32 values would cross it in under half a millisecond goes as
+    /// f32 whatever its table's codec (compressing it saves less than its lossy codec costs in
+    /// clocks). Unset: --link-mbps's speed when it emulates one, else no such floor.
+    #[arg(long, env = "PS_LINK_SPEED_MBPS")]
+    pub link_speed_mbps: Option<f64>,
     /// MiB for the residuals of each sparse table's rows under a lossy codec; past it, rows
     /// not pushed again for a while give theirs up (counted in
     /// `ps_worker_row_residuals_evicted_total`).
@@ -141,6 +147,11 @@ impl WorkerConfig {
         check(
             self.link_mbps.is_none_or(|m| m > 0.0 && m.is_finite()),
             "--link-mbps must be a positive number",
+        )?;
+        check(
+            self.link_speed_mbps
+                .is_none_or(|m| m > 0.0 && m.is_finite()),
+            "--link-speed-mbps must be a positive number",
         )
     }
 }
@@ -174,6 +185,7 @@ mod tests {
             ("--slowdown", "0"),
             ("--local-momentum", "1"),
             ("--link-mbps", "0"),
+            ("--link-speed-mbps", "0"),
         ] {
             let e = parse(&["--job", "j", flag, value])
                 .unwrap()

@@ -140,6 +140,7 @@ async fn train_on<B: Backend + Clone>(
     client_cfg.max_attempts = 200;
     client_cfg.max_backoff = Duration::from_millis(500);
     client_cfg.link_mbps = cfg.link_mbps;
+    client_cfg.link_speed_mbps = cfg.link_speed_mbps;
     client_cfg.row_residual_mib = cfg.row_residual_mib as usize;
     client_cfg.held_rows_mib = cfg.held_rows_mib as usize;
     let Some(ps) = shards(&session, client_cfg, &shutdown).await? else {

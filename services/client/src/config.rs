@@ -41,6 +41,11 @@ pub struct ClientConfig {
     /// Emulate a network link of this many megabits per second (each direction) for every
     /// request to and answer from the shards; see [`Link`]. `None`: the real network only.
     pub link_mbps: Option<f64>,
+    /// The speed of the link to the shards in megabits per second, where it is known, for
+    /// choosing what is worth compressing: a dense push whose plain f32 values would cross it
+    /// in under [`crate::WORTH_COMPRESSING`] goes as f32 whatever its table's codec. `None`: the
+    /// emulated link's speed (`link_mbps`), else only the codecs' own `min_values`.
+    pub link_speed_mbps: Option<f64>,
     /// Send dense and sparse pushes (plain f32 as raw bytes; compressed ones of up to 1 MiB with
     /// their values in the call's header) and plain-f32 dense pulls over the shards' bulk
     /// streams (raw TCP, no HTTP/2 framing) where a shard offers one; everything else goes
@@ -88,6 +93,7 @@ impl ClientConfig {
             map_epoch: 0,
             map_source: None,
             link_mbps: None,
+            link_speed_mbps: None,
             bulk: true,
             credentials: crate::Credentials::default(),
             row_residual_mib: 256,

@@ -137,34 +137,45 @@ impl PsClient {
         let requests =
             encoding.in_scope(|| -> Result<Vec<(usize, Vec<EncodedSlice>)>, ClientError> {
                 let mut guard = sender.lock();
-                let Sender { enc, dense, .. } = &mut *guard;
+                let Sender {
+                    enc,
+                    dense,
+                    dense_floor,
+                    ..
+                } = &mut *guard;
                 let lossy = enc.options().keeps_residual();
                 if lossy {
                     dense
                         .accumulate_at(shape.len() as usize, base as usize, grad)
                         .map_err(|e| ClientError::InvalidInput(e.to_string()))?;
                 }
-                let mut requests = Vec::with_capacity(plan.len());
-                for (shard, chunks) in plan {
-                    let mut slices = Vec::with_capacity(chunks.len());
-                    for c in chunks {
-                        let Some(r) = shape.chunk_range(c) else {
-                            continue;
-                        };
-                        let abs = r.start as usize..r.end as usize;
-                        let e = if lossy {
-                            dense
-                                .take(enc, abs.clone())
-                                .map_err(|e| ClientError::InvalidInput(e.to_string()))?
-                        } else {
-                            let rel = abs.start - base as usize..abs.end - base as usize;
-                            plain_or_encoded(enc, &grad[rel])
-                        };
-                        slices.push((c, abs, e));
+                // Every chunk takes the codec the whole push would: a push over the
+                // compression floor (the codec's, raised to what the link makes worth it)
+                // compresses its short last chunk too, and one under it sends every chunk
+                // whole.
+                enc.for_parts_of(grad.len(), *dense_floor, |enc| {
+                    let mut requests = Vec::with_capacity(plan.len());
+                    for (shard, chunks) in plan {
+                        let mut slices = Vec::with_capacity(chunks.len());
+                        for c in chunks {
+                            let Some(r) = shape.chunk_range(c) else {
+                                continue;
+                            };
+                            let abs = r.start as usize..r.end as usize;
+                            let e = if lossy {
+                                dense
+                                    .take(enc, abs.clone())
+                                    .map_err(|e| ClientError::InvalidInput(e.to_string()))?
+                            } else {
+                                let rel = abs.start - base as usize..abs.end - base as usize;
+                                plain_or_encoded(enc, &grad[rel])
+                            };
+                            slices.push((c, abs, e));
+                        }
+                        requests.push((shard, slices));
                     }
-                    requests.push((shard, slices));
-                }
-                Ok(requests)
+                    Ok(requests)
+                })
             })?;
         self.inner
             .encode_nanos

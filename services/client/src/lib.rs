@@ -55,7 +55,7 @@ use ps_proto::v1 as pb;
 pub use admin::ExportStream;
 pub use auth::{Credentials, Token};
 use compress::Codecs;
-pub use compress::TableCodec;
+pub use compress::{TableCodec, WORTH_COMPRESSING, push_floor};
 pub use config::{ClientConfig, MapSource};
 pub use error::ClientError;
 pub use link::{Link, LinkChannel};
@@ -79,12 +79,12 @@ impl PsClient {
             return Err(ClientError::InvalidInput("no shard endpoints given".into()));
         }
         cfg.codec.check()?;
-        if let Some(mbps) = cfg.link_mbps
-            && !(mbps > 0.0 && mbps.is_finite())
-        {
-            return Err(ClientError::InvalidInput(format!(
-                "link speed {mbps} Mbit/s is not a positive number"
-            )));
+        for mbps in [cfg.link_mbps, cfg.link_speed_mbps].into_iter().flatten() {
+            if !(mbps > 0.0 && mbps.is_finite()) {
+                return Err(ClientError::InvalidInput(format!(
+                    "link speed {mbps} Mbit/s is not a positive number"
+                )));
+            }
         }
         let link = cfg.link_mbps.map(|m| Arc::new(Link::mbps(m)));
         let shards = cfg
@@ -110,7 +110,11 @@ impl PsClient {
             client_id,
             seqs: SeqTracker::default(),
             specs: RwLock::new(HashMap::new()),
-            codecs: Codecs::new(cfg.codec, client_id),
+            codecs: Codecs::new(
+                cfg.codec,
+                client_id,
+                compress::push_floor(cfg.link_speed_mbps.or(cfg.link_mbps)),
+            ),
             map_epoch: AtomicU64::new(cfg.map_epoch),
             link,
             cfg,

@@ -51,7 +51,7 @@ impl PsClient {
             // The requests are parts of one push: each takes the codec the whole push would,
             // however its ids split over the shards (a part under `min_values` would otherwise
             // go as plain f32, every row with its id).
-            enc.for_parts_of(grads.len(), |enc| {
+            enc.for_parts_of(grads.len(), 0, |enc| {
                 let mut out = Vec::with_capacity(groups.len());
                 for (shard, positions) in groups {
                     let ids: Vec<u64> = positions.iter().map(|&p| ids[p]).collect();

@@ -334,12 +334,22 @@ impl Encoder {
     }
 
     /// Runs `f` with this encoder choosing its codec for `whole` values, not for each call's
-    /// own: the parts of one payload (a sparse push's requests to each shard) then all take
-    /// the codec the whole would (a part under `min_values` is compressed when the whole is
-    /// not under it, and the parts of a whole under it all go as f32).
-    pub fn for_parts_of<R>(&mut self, whole: usize, f: impl FnOnce(&mut Self) -> R) -> R {
+    /// own: the parts of one payload (a sparse push's requests to each shard, a dense push's
+    /// chunks) then all take the codec the whole would (a part under `min_values` is
+    /// compressed when the whole is not under it, and the parts of a whole under it all go as
+    /// f32). `floor` raises `min_values` for this payload (0: the options' own).
+    pub fn for_parts_of<R>(
+        &mut self,
+        whole: usize,
+        floor: usize,
+        f: impl FnOnce(&mut Self) -> R,
+    ) -> R {
         let min = self.opts.min_values;
-        self.opts.min_values = if whole < min { usize::MAX } else { 0 };
+        self.opts.min_values = if whole < min.max(floor) {
+            usize::MAX
+        } else {
+            0
+        };
         let r = f(self);
         self.opts.min_values = min;
         r

@@ -774,9 +774,9 @@ fn parts_take_the_codec_of_their_whole() {
     );
     let part = vec![0.25f32; 600];
     assert_eq!(enc.encode(&part).header.encoding, Encoding::F32);
-    let big = enc.for_parts_of(1200, |e| e.encode(&part).header.encoding);
+    let big = enc.for_parts_of(1200, 0, |e| e.encode(&part).header.encoding);
     assert_eq!(big, Encoding::Int8);
-    let small = enc.for_parts_of(900, |e| e.encode(&vec![0.25f32; 1100]).header.encoding);
+    let small = enc.for_parts_of(900, 0, |e| e.encode(&vec![0.25f32; 1100]).header.encoding);
     assert_eq!(small, Encoding::F32);
     // Outside, the encoder decides by each call's own length again.
     assert_eq!(enc.encode(&part).header.encoding, Encoding::F32);
