@@ -150,6 +150,9 @@ impl Config {
 }
 
 const F32_BOTH: &str = "f32 both ways";
+/// f32 both ways again, with the same flags and seeds: what the time to a target does between
+/// two runs of one configuration, against which the others' speed-ups are read.
+const F32_AGAIN: &str = "f32 both ways, run again";
 const FP16_BOTH: &str = "fp16 both ways";
 const TOPK_FP16_PULL: &str = "top-k 1% push, fp16 pull";
 const TOPK_DELTA_PULL: &str = "top-k 1% push, delta top-k 2% pull";
@@ -188,6 +191,7 @@ const CTR_TRAIN: f64 = 200_000.0;
 fn sparse_link_configs() -> Vec<Config> {
     vec![
         config(F32_BOTH, "--codec f32 --pull-codec f32"),
+        config(F32_AGAIN, "--codec f32 --pull-codec f32"),
         config(FP16_BOTH, "--codec fp16 --pull-codec fp16"),
         config(TOPK_FP16_PULL, "--codec topk:0.01 --pull-codec fp16"),
         config(
@@ -1097,9 +1101,14 @@ fn checks(suite: &Suite, rows: &[Row], results: &[RunResult]) -> Vec<Check> {
             };
             let (f32_time, f32_reached, f32_runs) = time_to(suite, F32_BOTH, results, bar);
             // At 100 Mbit/s top-k with compressed pulls must reach the bar 5x sooner; at
-            // 1 Gbit/s no configuration may be slower than f32.
-            let (wanted, labels): (f64, &[&str]) = if flag(suite.base, "--link-mbps") == Some(100.0)
-            {
+            // 1 Gbit/s no configuration may be slower than f32: its mean ratio at least 1x, or,
+            // where the suite runs f32 twice, no slower than f32's own run-to-run scatter lets
+            // tell apart (its paired 95% interval reaches 1x).
+            let slow_link = flag(suite.base, "--link-mbps") == Some(100.0);
+            let again = (!slow_link)
+                .then(|| paired_speedup(suite, F32_AGAIN, results, bar))
+                .flatten();
+            let (wanted, labels): (f64, &[&str]) = if slow_link {
                 (
                     5.0,
                     &[
@@ -1129,24 +1138,44 @@ fn checks(suite: &Suite, rows: &[Row], results: &[RunResult]) -> Vec<Check> {
                     continue;
                 }
                 let all = reached == runs && f32_reached == f32_runs;
+                let paired = paired_speedup(suite, label, results, bar);
+                let within_scatter = again.is_some()
+                    && paired
+                        .as_ref()
+                        .and_then(|p| p.interval)
+                        .is_some_and(|(_, hi)| hi >= 1.0);
                 out.push(Check {
-                    target: format!(
-                        "{label} reaches f32's final accuracy less 0.5 points ({}) ≥ {wanted}x as soon",
-                        pct(bar)
-                    ),
+                    target: if again.is_some() {
+                        format!(
+                            "{label} reaches f32's final accuracy less 0.5 points ({}) no later \
+                             than f32 (mean ≥ 1x, or a paired 95% interval that reaches 1x)",
+                            pct(bar)
+                        )
+                    } else {
+                        format!(
+                            "{label} reaches f32's final accuracy less 0.5 points ({}) ≥ \
+                             {wanted}x as soon",
+                            pct(bar)
+                        )
+                    },
                     measured: if reached == 0 {
                         format!("not reached ({runs} runs)")
                     } else {
-                        let paired = paired_speedup(suite, label, results, bar)
+                        let paired = paired
+                            .as_ref()
                             .map(|p| format!("; {}", p.describe()))
+                            .unwrap_or_default();
+                        let again = again
+                            .as_ref()
+                            .map(|p| format!("; f32 run again: {}", p.describe()))
                             .unwrap_or_default();
                         format!(
                             "{:.2}x ({t:.1} s against {f32_time:.1} s; {reached}/{runs} and \
-                             {f32_reached}/{f32_runs} runs reached it{paired})",
+                             {f32_reached}/{f32_runs} runs reached it{paired}{again})",
                             f32_time / t
                         )
                     },
-                    met: all && f32_time / t >= wanted,
+                    met: all && (f32_time / t >= wanted || within_scatter),
                 });
             }
         }
@@ -1513,6 +1542,51 @@ mod tests {
             p.describe()
         );
         assert!(paired_speedup(&suite, FP16_BOTH, &results, 0.9).is_none());
+    }
+
+    /// At 1 Gbit/s, where f32 runs twice, a configuration whose mean is below f32's but whose
+    /// paired interval reaches 1x is within f32's own scatter and meets the target; one slower
+    /// on every seed does not.
+    #[test]
+    fn a_fast_link_target_reads_speed_ups_against_f32s_own_scatter() {
+        let suite = suites()
+            .into_iter()
+            .find(|s| s.name == "links-sparse-1000")
+            .unwrap();
+        let run = |config: &str, seed: u64, t: f64| {
+            run_result(&suite, config, seed, t, vec![(t / 2.0, 0.5), (t, 0.85)])
+        };
+        let mut results = Vec::new();
+        for (seed, f32_t, again_t, fp16_t, topk_t, delta_t) in [
+            (1, 1.0, 1.1, 1.2, 1.0, 2.0),
+            (2, 1.0, 0.9, 0.8, 1.0, 2.1),
+            (3, 1.0, 1.0, 1.1, 1.0, 1.9),
+        ] {
+            results.extend([
+                run(F32_BOTH, seed, f32_t),
+                run(F32_AGAIN, seed, again_t),
+                run(FP16_BOTH, seed, fp16_t),
+                run(TOPK_FP16_PULL, seed, topk_t),
+                run(TOPK_DELTA_PULL, seed, delta_t),
+            ]);
+        }
+        let rows = rows(&suite, &results);
+        let checks = checks(&suite, &rows, &results);
+        let met = |label: &str| {
+            let c = checks.iter().find(|c| c.target.starts_with(label)).unwrap();
+            assert!(
+                c.measured.contains("f32 run again: paired by seed"),
+                "{}",
+                c.measured
+            );
+            c.met
+        };
+        // fp16: mean 0.97x, interval about 0.65-1.45x.
+        assert!(met(FP16_BOTH));
+        assert!(met(TOPK_FP16_PULL));
+        // Twice as slow on every seed: interval about 0.44-0.57x.
+        assert!(!met(TOPK_DELTA_PULL));
+        assert!(!checks.iter().any(|c| c.target.starts_with(F32_AGAIN)));
     }
 
     #[test]
