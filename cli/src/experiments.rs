@@ -1432,16 +1432,17 @@ mod tests {
         }
     }
 
-    /// A run of `config` in `suite` that ended at 85% and reached the target at `t` seconds.
+    /// A run of `config` in suite `suite` that ended at 85% and reached the target at `t`
+    /// seconds.
     fn run_result(
-        suite: &Suite,
+        suite: &str,
         config: &str,
         seed: u64,
         t: f64,
         curve: Vec<(f64, f64)>,
     ) -> RunResult {
         RunResult {
-            suite: suite.name.into(),
+            suite: suite.into(),
             config: config.into(),
             seed,
             flags: Vec::new(),
@@ -1477,7 +1478,7 @@ mod tests {
             .unwrap();
         let result = |c: &Config, seed: u64, flags: Vec<String>| RunResult {
             flags,
-            ..run_result(&suite, c.label, seed, 0.5, Vec::new())
+            ..run_result(suite.name, c.label, seed, 0.5, Vec::new())
         };
         // Ten seeds of every configuration stored with today's flags, and one more seed whose
         // flags have changed since (it must not come back).
@@ -1509,15 +1510,21 @@ mod tests {
         assert!(md.contains("--seeds 10"), "{md}");
     }
 
-    #[test]
-    fn a_paired_speedup_compares_each_seed_with_f32s() {
+    /// The Adult 1 Gbit/s suite, and a run of it that reaches 0.85 at `t` seconds.
+    fn sparse_1000() -> (Suite, impl Fn(&str, u64, f64) -> RunResult) {
         let suite = suites()
             .into_iter()
             .find(|s| s.name == "links-sparse-1000")
             .unwrap();
-        let run = |config: &str, seed: u64, t: f64| {
-            run_result(&suite, config, seed, t, vec![(t / 2.0, 0.5), (t, 0.85)])
-        };
+        let name = suite.name;
+        (suite, move |config: &str, seed: u64, t: f64| {
+            run_result(name, config, seed, t, vec![(t / 2.0, 0.5), (t, 0.85)])
+        })
+    }
+
+    #[test]
+    fn a_paired_speedup_compares_each_seed_with_f32s() {
+        let (suite, run) = sparse_1000();
         // Seed 1 twice as fast, seed 2 half as fast, seed 3 the same; seed 4 never reached
         // the bar under f32, so it does not count.
         let results = vec![
@@ -1549,13 +1556,7 @@ mod tests {
     /// on every seed does not.
     #[test]
     fn a_fast_link_target_reads_speed_ups_against_f32s_own_scatter() {
-        let suite = suites()
-            .into_iter()
-            .find(|s| s.name == "links-sparse-1000")
-            .unwrap();
-        let run = |config: &str, seed: u64, t: f64| {
-            run_result(&suite, config, seed, t, vec![(t / 2.0, 0.5), (t, 0.85)])
-        };
+        let (suite, run) = sparse_1000();
         let mut results = Vec::new();
         for (seed, f32_t, again_t, fp16_t, topk_t, delta_t) in [
             (1, 1.0, 1.1, 1.2, 1.0, 2.0),

@@ -58,9 +58,6 @@ impl TableCodec {
 #[derive(Debug)]
 pub(crate) struct Sender {
     pub enc: Encoder,
-    /// Dense pushes of fewer values go as f32 whatever the codec ([`push_floor`] of the
-    /// client's link; the codec's own `min_values` applies as well).
-    pub dense_floor: usize,
     /// Residual of a dense tensor (its full length once used).
     pub dense: ErrorFeedback,
     /// Residuals of embedding rows.
@@ -139,13 +136,18 @@ impl Codecs {
             codec,
             sender: Arc::new(Mutex::new(Sender {
                 enc: Encoder::new(codec.push, seed),
-                dense_floor: self.floor,
                 dense: ErrorFeedback::default(),
                 rows: None,
             })),
             replica: Arc::default(),
             held: Arc::default(),
         }
+    }
+
+    /// The fewest values a dense push must hold to be compressed ([`push_floor`] of the
+    /// client's link; the codec's own `min_values` applies as well).
+    pub fn dense_floor(&self) -> usize {
+        self.floor
     }
 
     /// The table's codec and its state.

@@ -124,6 +124,7 @@ impl PsClient {
         }
         let base = first_chunk * shape.chunk_elems;
         let (codec, sender) = self.inner.codecs.get(&spec.name);
+        let floor = self.inner.codecs.dense_floor();
         let plan = self.plan_chunks(
             &spec,
             &shape,
@@ -137,12 +138,7 @@ impl PsClient {
         let requests =
             encoding.in_scope(|| -> Result<Vec<(usize, Vec<EncodedSlice>)>, ClientError> {
                 let mut guard = sender.lock();
-                let Sender {
-                    enc,
-                    dense,
-                    dense_floor,
-                    ..
-                } = &mut *guard;
+                let Sender { enc, dense, .. } = &mut *guard;
                 let lossy = enc.options().keeps_residual();
                 if lossy {
                     dense
@@ -153,7 +149,7 @@ impl PsClient {
                 // compression floor (the codec's, raised to what the link makes worth it)
                 // compresses its short last chunk too, and one under it sends every chunk
                 // whole.
-                enc.for_parts_of(grad.len(), *dense_floor, |enc| {
+                enc.for_parts_of(grad.len(), floor, |enc| {
                     let mut requests = Vec::with_capacity(plan.len());
                     for (shard, chunks) in plan {
                         let mut slices = Vec::with_capacity(chunks.len());
