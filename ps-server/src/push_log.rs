@@ -140,8 +140,9 @@ pub struct PushLog {
     buf: Vec<u8>,
     /// Gradients the record holds as the pushes brought them ([`PushLog::chunk_shared`]):
     /// each with the offset in `buf` where it goes. They are checksummed and written from
-    /// where they are, never copied into `buf`.
-    shared: Vec<(usize, Bytes)>,
+    /// where they are, never copied into `buf`; with their CRC-32 where the caller took it
+    /// ([`PushLog::chunk_summed`]).
+    shared: Vec<(usize, Bytes, Option<u32>)>,
     entries: u32,
     entry_at: Option<usize>,
     /// What the record being built holds.
@@ -151,9 +152,9 @@ pub struct PushLog {
     /// The first ring position the record being built points at.
     ring_first: Option<u64>,
     /// The chunks the record being built holds in the ring, each with the offset in `buf` of
-    /// its CRC-32, computed at [`PushLog::commit`] (outside the cell's lock, as the record's
-    /// own checksum is).
-    in_ring: Vec<(usize, Bytes)>,
+    /// its CRC-32: the caller's ([`PushLog::chunk_summed`]), or else computed at
+    /// [`PushLog::commit`]. Each holds its bytes until the record points at them.
+    in_ring: Vec<(usize, Bytes, Option<u32>)>,
     /// An image is written into the file cell by cell, straight from the cells, as
     /// [`PushLog::image_cell`] is given them (it is as large as every dense cell together,
     /// so it is never gathered in `buf`): the room it began with, the bytes written after its
@@ -494,19 +495,29 @@ impl PushLog {
     /// when those bytes were received into the body ring, where they are there and their
     /// CRC-32, so that they are not written again.
     pub fn chunk_shared(&mut self, index: u64, grad: &Bytes) {
+        self.chunk_held(index, grad, None);
+    }
+
+    /// [`PushLog::chunk_shared`] with the gradient's CRC-32 already taken (in the pass that
+    /// applied it: `Table::apply_le_summed`), so that the commit does not read it again.
+    pub fn chunk_summed(&mut self, index: u64, grad: &Bytes, crc: u32) {
+        self.chunk_held(index, grad, Some(crc));
+    }
+
+    fn chunk_held(&mut self, index: u64, grad: &Bytes, crc: Option<u32>) {
         let in_ring = self.bodies.as_ref().and_then(|ring| ring.locate(grad));
         if !self.chunk_head(index, grad.len()) {
             return;
         }
         let Some(pos) = in_ring else {
-            self.shared.push((self.buf.len(), grad.clone()));
+            self.shared.push((self.buf.len(), grad.clone(), crc));
             return;
         };
         let at = self.buf.len() - 4;
         let values = u32_at(&self.buf, at) | IN_RING;
         self.buf[at..at + 4].copy_from_slice(&values.to_le_bytes());
         self.buf.extend_from_slice(&pos.to_le_bytes());
-        self.in_ring.push((self.buf.len(), grad.clone()));
+        self.in_ring.push((self.buf.len(), grad.clone(), crc));
         self.buf.extend_from_slice(&[0; 4]);
         self.ring_first = Some(self.ring_first.map_or(pos, |f| f.min(pos)));
     }
@@ -564,7 +575,7 @@ impl PushLog {
 
     /// Bytes of the record being built.
     pub fn pending(&self) -> u64 {
-        let shared: usize = self.shared.iter().map(|(_, g)| g.len()).sum();
+        let shared: usize = self.shared.iter().map(|(_, g, _)| g.len()).sum();
         (self.buf.len() + shared) as u64 + self.image_written
     }
 
@@ -573,7 +584,7 @@ impl PushLog {
     fn parts(&self) -> Vec<&[u8]> {
         let mut parts = Vec::with_capacity(2 * self.shared.len() + 1);
         let mut from = 0;
-        for (at, grad) in &self.shared {
+        for (at, grad, _) in &self.shared {
             parts.push(&self.buf[from..*at]);
             parts.push(&grad[..]);
             from = *at;
@@ -609,14 +620,26 @@ impl PushLog {
         self.buf[8..16].copy_from_slice(&pos.to_le_bytes());
         self.buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
         self.buf[20..24].copy_from_slice(&entries.to_le_bytes());
-        for (at, grad) in self.in_ring.drain(..) {
-            self.buf[at..at + 4].copy_from_slice(&crc32fast::hash(&grad).to_le_bytes());
+        for (at, grad, sum) in self.in_ring.drain(..) {
+            let sum = sum.unwrap_or_else(|| crc32fast::hash(&grad));
+            self.buf[at..at + 4].copy_from_slice(&sum.to_le_bytes());
         }
+        // Everything after the magic and the checksum itself: `buf` with the shared gradients
+        // where they go, each taken by its own checksum where the caller gave it.
         let mut crc = crc32fast::Hasher::new();
-        for (i, part) in self.parts().into_iter().enumerate() {
-            // Everything after the magic and the checksum itself.
-            crc.update(if i == 0 { &part[8..] } else { part });
+        let mut from = 8;
+        for (at, grad, sum) in &self.shared {
+            crc.update(&self.buf[from..*at]);
+            match sum {
+                Some(sum) => crc.combine(&crc32fast::Hasher::new_with_initial_len(
+                    *sum,
+                    grad.len() as u64,
+                )),
+                None => crc.update(grad),
+            }
+            from = *at;
         }
+        crc.update(&self.buf[from..]);
         if self.kind == Kind::Image {
             // The cells, written already, follow the header.
             crc.combine(&self.image_crc);
@@ -1105,8 +1128,9 @@ mod tests {
         log.begin(PushLog::record_len(2, 4, one.len() + two.len() + mem.len()));
         log.push(3, &id(1));
         log.chunk_shared(1, &one.slice(..4096));
-        log.chunk_shared(1, &one.slice(4096..));
-        log.chunk_shared(1, &mem);
+        let rest = one.slice(4096..);
+        log.chunk_summed(1, &rest, crc32fast::hash(&rest));
+        log.chunk_summed(1, &mem, crc32fast::hash(&mem));
         log.push(3, &id(2));
         log.chunk_shared(2, &two);
         let len = log.commit().unwrap();
@@ -1181,6 +1205,39 @@ mod tests {
     }
 
     #[test]
+    fn a_gradient_whose_given_checksum_is_wrong_ends_the_log_there() {
+        let dir = tempfile::tempdir().unwrap();
+        for in_ring in [false, true] {
+            let sub = dir.path().join(if in_ring { "ring" } else { "memory" });
+            std::fs::create_dir_all(&sub).unwrap();
+            let mut log = if in_ring {
+                open_with_ring(&sub, 1 << 20)
+            } else {
+                open(&sub, 1 << 20)
+            };
+            // Records 1 and 3 with their checksums right, 2 with one bit of it wrong.
+            for seq in 1..=3u64 {
+                let grad = if in_ring {
+                    ring_body(&log, 1024, seq as f32)
+                } else {
+                    Bytes::copy_from_slice(bytemuck::cast_slice(&[seq as f32; 1024]))
+                };
+                let crc = crc32fast::hash(&grad) ^ u32::from(seq == 2);
+                log.begin(PushLog::record_len(1, 1, grad.len()));
+                log.push(3, &id(seq));
+                log.chunk_summed(seq, &grad, crc);
+                log.commit().unwrap();
+            }
+            let mut reopened = if in_ring {
+                open_with_ring(&sub, 1 << 20)
+            } else {
+                open(&sub, 1 << 20)
+            };
+            assert_eq!(seqs(&mut reopened, 0), vec![1], "in the ring: {in_ring}");
+        }
+    }
+
+    #[test]
     fn shared_gradients_are_written_from_where_they_are_and_replay_as_copied_ones() {
         let dir = tempfile::tempdir().unwrap();
         let mut log = open(dir.path(), 1 << 20);
@@ -1194,10 +1251,13 @@ mod tests {
             log.push(3, &id(seq));
             for c in range {
                 let grad = body.slice(c * 12..(c + 1) * 12);
-                if c % 5 == 4 {
-                    log.chunk(c as u64, &grad);
-                } else {
-                    log.chunk_shared(c as u64, &grad);
+                match c % 5 {
+                    4 => {
+                        log.chunk(c as u64, &grad);
+                    }
+                    // Checksummed by the caller, as the optimizer's pass does.
+                    3 => log.chunk_summed(c as u64, &grad, crc32fast::hash(&grad)),
+                    _ => log.chunk_shared(c as u64, &grad),
                 }
             }
         }

@@ -423,13 +423,14 @@ impl<S: Store> Inner<S> {
                 }
                 let mut cell = cell.write();
                 // The gradient is applied from the received bytes; a log's record holds
-                // those same bytes, written from where they are at commit. Without a log the
-                // updated cell goes into the batch.
+                // those same bytes, written from where they are at commit, and their CRC-32,
+                // taken in the optimizer's pass. Without a log the updated cell goes into the
+                // batch.
                 if let Some(log) = log.as_deref_mut() {
-                    log.chunk_shared(chunk - 1, part.data());
-                }
-                table.apply_le(&mut cell, part.data(), &mut grad);
-                if log.is_none() {
+                    let crc = table.apply_le_summed(&mut cell, part.data(), &mut grad);
+                    log.chunk_summed(chunk - 1, part.data(), crc);
+                } else {
+                    table.apply_le(&mut cell, part.data(), &mut grad);
                     table.put_chunk(chunk - 1, &cell, batch, &mut scratch);
                 }
                 out.applied_values += n as u64;

@@ -17,10 +17,64 @@ pub fn initial_state(opt: &Optimizer, n: usize) -> Vec<f32> {
 /// Applies gradient `g` to parameters `w` with optimizer state `state` (laid out slot after
 /// slot, `w.len()` values each) and the cell's step count.
 pub fn apply(opt: &Optimizer, w: &mut [f32], state: &mut [f32], step: &mut u64, g: &[f32]) {
+    apply_in_blocks(opt, w, state, step, g, usize::MAX, |_| {});
+}
+
+/// [`apply`], `block` values at a time, calling `each` with a block of the gradient just before
+/// it is applied: a second use of the gradient (a checksum of it) made while its block is in
+/// the nearest cache, instead of in a pass over all of it of its own. One step, whatever the
+/// number of blocks; the result is [`apply`]'s.
+pub fn apply_in_blocks(
+    opt: &Optimizer,
+    w: &mut [f32],
+    state: &mut [f32],
+    step: &mut u64,
+    g: &[f32],
+    block: usize,
+    mut each: impl FnMut(&[f32]),
+) {
     let n = w.len();
     debug_assert_eq!(g.len(), n);
     debug_assert_eq!(state.len(), n * opt.state_slots());
     *step += 1;
+    // The first slot, then the second: each `n` values, or empty.
+    let (first, second) = state.split_at_mut(n.min(state.len()));
+    let block = block.max(1);
+    let mut start = 0;
+    while start < n {
+        let end = n.min(start.saturating_add(block));
+        each(&g[start..end]);
+        update(
+            opt,
+            *step,
+            &mut w[start..end],
+            slot_part(first, start, end),
+            slot_part(second, start, end),
+            &g[start..end],
+        );
+        start = end;
+    }
+}
+
+/// Values `start..end` of an optimizer slot; an absent (empty) slot stays empty.
+fn slot_part(slot: &mut [f32], start: usize, end: usize) -> &mut [f32] {
+    if slot.is_empty() {
+        slot
+    } else {
+        &mut slot[start..end]
+    }
+}
+
+/// The update rule on values `w` with their slots' values (`state`: the first slot, `second`:
+/// the second; empty where the optimizer has none), at step `step` (already counted).
+fn update(
+    opt: &Optimizer,
+    step: u64,
+    w: &mut [f32],
+    state: &mut [f32],
+    second: &mut [f32],
+    g: &[f32],
+) {
     match *opt {
         Optimizer::Sgd { learning_rate: lr } => {
             for (w, g) in w.iter_mut().zip(g) {
@@ -57,11 +111,10 @@ pub fn apply(opt: &Optimizer, w: &mut [f32], state: &mut [f32], step: &mut u64, 
             beta2,
             epsilon,
         } => {
-            let t = i32::try_from(*step).unwrap_or(i32::MAX);
+            let t = i32::try_from(step).unwrap_or(i32::MAX);
             let c1 = (1.0 - f64::from(beta1).powi(t)) as f32;
             let c2 = (1.0 - f64::from(beta2).powi(t)) as f32;
-            let (m, v) = state.split_at_mut(n);
-            for (((w, m), v), g) in w.iter_mut().zip(m).zip(v).zip(g) {
+            for (((w, m), v), g) in w.iter_mut().zip(state).zip(second).zip(g) {
                 *m = beta1 * *m + (1.0 - beta1) * g;
                 *v = beta2 * *v + (1.0 - beta2) * g * g;
                 *w -= lr * (*m / c1) / ((*v / c2).sqrt() + epsilon);
@@ -73,8 +126,7 @@ pub fn apply(opt: &Optimizer, w: &mut [f32], state: &mut [f32], step: &mut u64, 
             l1,
             l2,
         } => {
-            let (z, acc) = state.split_at_mut(n);
-            for (((w, z), acc), g) in w.iter_mut().zip(z).zip(acc).zip(g) {
+            for (((w, z), acc), g) in w.iter_mut().zip(state).zip(second).zip(g) {
                 let acc_new = *acc + g * g;
                 let sigma = (acc_new.sqrt() - acc.sqrt()) / alpha;
                 *z += g - sigma * *w;
@@ -185,5 +237,36 @@ mod tests {
             &run(Optimizer::ftrl(1.0, 1.0, 5.0, 0.0), &[0.0], &[&[2.0]]),
             &[0.0],
         );
+    }
+
+    #[test]
+    fn blocks_give_the_whole_update_and_see_the_gradient_in_order() {
+        let n = 10;
+        let g0: Vec<f32> = (0..n).map(|i| (i as f32 - 4.5) * 0.3).collect();
+        let g1: Vec<f32> = (0..n).map(|i| ((i * 7) % 5) as f32 - 2.0).collect();
+        for opt in [
+            Optimizer::sgd(0.1),
+            Optimizer::momentum(0.1, 0.9),
+            Optimizer::adagrad(0.1),
+            Optimizer::adam(0.01),
+            Optimizer::ftrl(1.0, 1.0, 0.1, 0.01),
+        ] {
+            let w0: Vec<f32> = (0..n).map(|i| i as f32 * 0.1).collect();
+            let (mut w, mut s, mut step) = (w0.clone(), initial_state(&opt, n), 0);
+            let (mut wb, mut sb, mut stepb) = (w0, initial_state(&opt, n), 0);
+            for g in [&g0, &g1] {
+                apply(&opt, &mut w, &mut s, &mut step, g);
+                let mut seen = Vec::new();
+                apply_in_blocks(&opt, &mut wb, &mut sb, &mut stepb, g, 3, |b| {
+                    assert!(b.len() <= 3);
+                    seen.extend_from_slice(b);
+                });
+                assert_eq!(&seen, g, "{opt:?}");
+            }
+            assert_eq!(step, 2);
+            assert_eq!(stepb, 2);
+            assert_eq!(w, wb, "{opt:?}");
+            assert_eq!(s, sb, "{opt:?}");
+        }
     }
 }
