@@ -208,6 +208,30 @@ fn ps_bench_runs_pslite_beside_its_own_cases() {
     );
 }
 
+/// `--only-apply` as documented: one line a round, each with the optimizer pass's cost with the
+/// gradient's checksum in its own pass, in the optimizer's, and without one; nothing else runs.
+#[test]
+fn ps_bench_times_the_checksum_in_and_beside_the_optimizers_pass() {
+    let out = std::process::Command::new(ps_launch::binary("ps-bench").unwrap())
+        .args(["--only-apply", "--rounds", "2"])
+        .output()
+        .unwrap();
+    let (stdout, lines) = json_lines(&out);
+    assert_eq!(lines.len(), 2, "{stdout}");
+    for (round, l) in lines.iter().enumerate() {
+        assert_eq!(l["case"], "apply_checksum", "{stdout}");
+        assert_eq!(l["round"].as_u64(), Some(round as u64), "{stdout}");
+        for field in [
+            "crc_own_pass_ms_per_gb",
+            "crc_in_optimizer_pass_ms_per_gb",
+            "no_crc_ms_per_gb",
+        ] {
+            let ms = l[field].as_f64().unwrap_or(0.0);
+            assert!(ms > 0.0 && ms.is_finite(), "{field}: {stdout}");
+        }
+    }
+}
+
 /// The link emulator's benchmark as documented: a line per size, no transfer through the
 /// emulated link ends sooner than its bytes would have crossed it, and a transfer does not
 /// spend its time on a core.

@@ -63,6 +63,16 @@ struct Args {
     /// (to measure what TLS costs: run with and without it).
     #[arg(long)]
     tls_dir: Option<std::path::PathBuf>,
+    /// Only the optimizer's pass of a durable shard's dense push, on one core: SGD over 1 MiB
+    /// chunks of gradients taken in turn from 64 MiB of them (out of the caches, as the body
+    /// ring's pages are), with the gradient's CRC-32 taken in a pass of its own, in the
+    /// optimizer's pass as the shard takes it (`optim::apply_in_blocks`), and not at all;
+    /// core-ms per GB of gradient, each of --rounds rounds.
+    #[arg(long)]
+    only_apply: bool,
+    /// Rounds of --only-apply.
+    #[arg(long, default_value_t = 5)]
+    rounds: usize,
     /// Only the flood cases: one tenant's pull latency while another floods the shard with
     /// pushes, without limits and with the flooder's token limited to this many calls in
     /// flight (tokens checked on both runs).
@@ -160,6 +170,50 @@ fn memcpy_gbps() -> f64 {
         std::hint::black_box(&dst[i]);
     }
     (n * reps) as f64 / t.elapsed().as_secs_f64() / 1e9
+}
+
+/// `--only-apply`: what a dense gradient's checksum costs the shard's optimizer pass, taken
+/// in its own pass over the gradient or in the optimizer's, block by block.
+fn apply_case(rounds: usize) {
+    const CHUNK: usize = 1 << 18; // 1 MiB of f32, a request's largest chunk
+    const CHUNKS: usize = 64;
+    let mut rng = rand_xoshiro::Xoshiro256PlusPlus::seed_from_u64(7);
+    let normal = rand_distr::Normal::new(0.0f32, 1e-3).expect("a normal distribution");
+    let grads: Vec<Vec<f32>> = (0..CHUNKS)
+        .map(|_| (0..CHUNK).map(|_| normal.sample(&mut rng)).collect())
+        .collect();
+    let opt = Optimizer::sgd(0.001);
+    let (mut w, mut state, mut step) = (vec![0.0f32; CHUNK], Vec::new(), 0);
+    let reps = 4 * CHUNKS;
+    let gb = (reps * CHUNK * 4) as f64 / 1e9;
+    let mut sums = 0u32;
+    for round in 0..rounds {
+        let time = |f: &mut dyn FnMut(&[f32])| {
+            let t = Instant::now();
+            for r in 0..reps {
+                f(&grads[r % CHUNKS]);
+            }
+            t.elapsed().as_secs_f64() * 1e3 / gb
+        };
+        let own_pass = time(&mut |g| {
+            ps_core::optim::apply(&opt, &mut w, &mut state, &mut step, g);
+            sums ^= crc32fast::hash(bytemuck::cast_slice(g));
+        });
+        let in_pass = time(&mut |g| {
+            let mut crc = crc32fast::Hasher::new();
+            let block = ps_core::optim::CHECKSUM_BLOCK;
+            ps_core::optim::apply_in_blocks(&opt, &mut w, &mut state, &mut step, g, block, |b| {
+                crc.update(bytemuck::cast_slice(b))
+            });
+            sums ^= crc.finalize();
+        });
+        let none = time(&mut |g| ps_core::optim::apply(&opt, &mut w, &mut state, &mut step, g));
+        println!(
+            "{{\"case\":\"apply_checksum\",\"round\":{round},\"optimizer\":\"sgd\",\"chunk_bytes\":{},\"crc_own_pass_ms_per_gb\":{own_pass:.1},\"crc_in_optimizer_pass_ms_per_gb\":{in_pass:.1},\"no_crc_ms_per_gb\":{none:.1}}}",
+            CHUNK * 4
+        );
+    }
+    std::hint::black_box((sums, &w));
 }
 
 fn tcp_gbps() -> f64 {
@@ -922,6 +976,10 @@ fn main() -> anyhow::Result<()> {
             "--pslite {}: no such program (scripts/pslite-bench.sh --build-only builds it)",
             bin.display()
         );
+    }
+    if args.only_apply {
+        apply_case(args.rounds);
+        return Ok(());
     }
     if let Some(limit) = args.flood {
         let client_rt = tokio::runtime::Builder::new_multi_thread()

@@ -282,16 +282,20 @@ impl Table {
         bytes: &[u8],
         grad: &mut Vec<f32>,
     ) -> u32 {
-        /// 8 KiB of gradient a block: it and the values it updates stay in a core's L1.
-        const BLOCK: usize = 2048;
         let mut crc = crc32fast::Hasher::new();
         match bytemuck::try_cast_slice::<u8, f32>(bytes) {
             Ok(g) if cfg!(target_endian = "little") => {
                 let (w, state) = cell.data.split_at_mut(g.len());
                 let opt = &self.spec.optimizer;
-                optim::apply_in_blocks(opt, w, state, &mut cell.step, g, BLOCK, |b| {
-                    crc.update(bytemuck::cast_slice(b))
-                });
+                optim::apply_in_blocks(
+                    opt,
+                    w,
+                    state,
+                    &mut cell.step,
+                    g,
+                    optim::CHECKSUM_BLOCK,
+                    |b| crc.update(bytemuck::cast_slice(b)),
+                );
             }
             _ => {
                 crc.update(bytes);

@@ -20,6 +20,11 @@ pub fn apply(opt: &Optimizer, w: &mut [f32], state: &mut [f32], step: &mut u64, 
     apply_in_blocks(opt, w, state, step, g, usize::MAX, |_| {});
 }
 
+/// The block a durable shard applies a dense gradient in, checksumming each block just before
+/// it applies it ([`apply_in_blocks`]): 8 KiB, which with the values it updates stays in a
+/// core's L1.
+pub const CHECKSUM_BLOCK: usize = 2048;
+
 /// [`apply`], `block` values at a time, calling `each` with a block of the gradient just before
 /// it is applied: a second use of the gradient (a checksum of it) made while its block is in
 /// the nearest cache, instead of in a pass over all of it of its own. One step, whatever the
