@@ -140,9 +140,8 @@ pub struct PushLog {
     buf: Vec<u8>,
     /// Gradients the record holds as the pushes brought them ([`PushLog::chunk_shared`]):
     /// each with the offset in `buf` where it goes. They are checksummed and written from
-    /// where they are, never copied into `buf`; with their CRC-32 where the caller took it
-    /// ([`PushLog::chunk_summed`]).
-    shared: Vec<(usize, Bytes, Option<u32>)>,
+    /// where they are, never copied into `buf`, each with the CRC-32 its caller took.
+    shared: Vec<(usize, Bytes, u32)>,
     entries: u32,
     entry_at: Option<usize>,
     /// What the record being built holds.
@@ -152,9 +151,9 @@ pub struct PushLog {
     /// The first ring position the record being built points at.
     ring_first: Option<u64>,
     /// The chunks the record being built holds in the ring, each with the offset in `buf` of
-    /// its CRC-32: the caller's ([`PushLog::chunk_summed`]), or else computed at
-    /// [`PushLog::commit`]. Each holds its bytes until the record points at them.
-    in_ring: Vec<(usize, Bytes, Option<u32>)>,
+    /// its CRC-32 (the caller's), written there at [`PushLog::commit`]. Each holds its bytes
+    /// until the record points at them.
+    in_ring: Vec<(usize, Bytes, u32)>,
     /// An image is written into the file cell by cell, straight from the cells, as
     /// [`PushLog::image_cell`] is given them (it is as large as every dense cell together,
     /// so it is never gathered in `buf`): the room it began with, the bytes written after its
@@ -493,18 +492,10 @@ impl PushLog {
     /// [`PushLog::chunk`] without the copy: the record holds `grad` (a push's received
     /// bytes, which never change) and writes it from where it is at [`PushLog::commit`]; or,
     /// when those bytes were received into the body ring, where they are there and their
-    /// CRC-32, so that they are not written again.
-    pub fn chunk_shared(&mut self, index: u64, grad: &Bytes) {
-        self.chunk_held(index, grad, None);
-    }
-
-    /// [`PushLog::chunk_shared`] with the gradient's CRC-32 already taken (in the pass that
-    /// applied it: `Table::apply_le_summed`), so that the commit does not read it again.
-    pub fn chunk_summed(&mut self, index: u64, grad: &Bytes, crc: u32) {
-        self.chunk_held(index, grad, Some(crc));
-    }
-
-    fn chunk_held(&mut self, index: u64, grad: &Bytes, crc: Option<u32>) {
+    /// CRC-32, so that they are not written again. `crc` is `grad`'s CRC-32, taken by the
+    /// caller in the pass that applied it (`Table::apply_le_summed`), so that the commit never
+    /// reads the gradient again.
+    pub fn chunk_shared(&mut self, index: u64, grad: &Bytes, crc: u32) {
         let in_ring = self.bodies.as_ref().and_then(|ring| ring.locate(grad));
         if !self.chunk_head(index, grad.len()) {
             return;
@@ -620,23 +611,19 @@ impl PushLog {
         self.buf[8..16].copy_from_slice(&pos.to_le_bytes());
         self.buf[16..20].copy_from_slice(&(len as u32).to_le_bytes());
         self.buf[20..24].copy_from_slice(&entries.to_le_bytes());
-        for (at, grad, sum) in self.in_ring.drain(..) {
-            let sum = sum.unwrap_or_else(|| crc32fast::hash(&grad));
+        for (at, _, sum) in self.in_ring.drain(..) {
             self.buf[at..at + 4].copy_from_slice(&sum.to_le_bytes());
         }
         // Everything after the magic and the checksum itself: `buf` with the shared gradients
-        // where they go, each taken by its own checksum where the caller gave it.
+        // where they go, each taken by the checksum its caller gave.
         let mut crc = crc32fast::Hasher::new();
         let mut from = 8;
         for (at, grad, sum) in &self.shared {
             crc.update(&self.buf[from..*at]);
-            match sum {
-                Some(sum) => crc.combine(&crc32fast::Hasher::new_with_initial_len(
-                    *sum,
-                    grad.len() as u64,
-                )),
-                None => crc.update(grad),
-            }
+            crc.combine(&crc32fast::Hasher::new_with_initial_len(
+                *sum,
+                grad.len() as u64,
+            ));
             from = *at;
         }
         crc.update(&self.buf[from..]);
@@ -1127,12 +1114,11 @@ mod tests {
         let first = log.head();
         log.begin(PushLog::record_len(2, 4, one.len() + two.len() + mem.len()));
         log.push(3, &id(1));
-        log.chunk_shared(1, &one.slice(..4096));
-        let rest = one.slice(4096..);
-        log.chunk_summed(1, &rest, crc32fast::hash(&rest));
-        log.chunk_summed(1, &mem, crc32fast::hash(&mem));
+        for grad in [one.slice(..4096), one.slice(4096..), mem.clone()] {
+            log.chunk_shared(1, &grad, crc32fast::hash(&grad));
+        }
         log.push(3, &id(2));
-        log.chunk_shared(2, &two);
+        log.chunk_shared(2, &two, crc32fast::hash(&two));
         let len = log.commit().unwrap();
         // Only the chunk from memory is in the record: the others are 12-byte references.
         assert_eq!(len, PushLog::record_len(2, 4, 400) + 3 * RING_REF as u64);
@@ -1180,7 +1166,7 @@ mod tests {
         let second = log.head();
         log.begin(PushLog::record_len(1, 1, three.len()));
         log.push(3, &id(3));
-        log.chunk_shared(3, &three);
+        log.chunk_shared(3, &three, crc32fast::hash(&three));
         log.commit().unwrap();
         write(&mut log, 4, 10);
         assert_eq!(
@@ -1225,7 +1211,7 @@ mod tests {
                 let crc = crc32fast::hash(&grad) ^ u32::from(seq == 2);
                 log.begin(PushLog::record_len(1, 1, grad.len()));
                 log.push(3, &id(seq));
-                log.chunk_summed(seq, &grad, crc);
+                log.chunk_shared(seq, &grad, crc);
                 log.commit().unwrap();
             }
             let mut reopened = if in_ring {
@@ -1251,13 +1237,10 @@ mod tests {
             log.push(3, &id(seq));
             for c in range {
                 let grad = body.slice(c * 12..(c + 1) * 12);
-                match c % 5 {
-                    4 => {
-                        log.chunk(c as u64, &grad);
-                    }
-                    // Checksummed by the caller, as the optimizer's pass does.
-                    3 => log.chunk_summed(c as u64, &grad, crc32fast::hash(&grad)),
-                    _ => log.chunk_shared(c as u64, &grad),
+                if c % 5 == 4 {
+                    log.chunk(c as u64, &grad);
+                } else {
+                    log.chunk_shared(c as u64, &grad, crc32fast::hash(&grad));
                 }
             }
         }

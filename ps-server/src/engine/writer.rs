@@ -428,7 +428,7 @@ impl<S: Store> Inner<S> {
                 // batch.
                 if let Some(log) = log.as_deref_mut() {
                     let crc = table.apply_le_summed(&mut cell, part.data(), &mut grad);
-                    log.chunk_summed(chunk - 1, part.data(), crc);
+                    log.chunk_shared(chunk - 1, part.data(), crc);
                 } else {
                     table.apply_le(&mut cell, part.data(), &mut grad);
                     table.put_chunk(chunk - 1, &cell, batch, &mut scratch);
