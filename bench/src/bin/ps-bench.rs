@@ -66,7 +66,7 @@ struct Args {
     /// Only the optimizer's pass of a durable shard's dense push, on one core: SGD over 1 MiB
     /// chunks of gradients taken in turn from 64 MiB of them (out of the caches, as the body
     /// ring's pages are), with the gradient's CRC-32 taken in a pass of its own, in the
-    /// optimizer's pass as the shard takes it (`optim::apply_in_blocks`), and not at all;
+    /// optimizer's pass as the shard takes it (`optim::apply_checksummed`), and not at all;
     /// core-ms per GB of gradient, each of --rounds rounds.
     #[arg(long)]
     only_apply: bool,
@@ -200,12 +200,7 @@ fn apply_case(rounds: usize) {
             sums ^= crc32fast::hash(bytemuck::cast_slice(g));
         });
         let in_pass = time(&mut |g| {
-            let mut crc = crc32fast::Hasher::new();
-            let block = ps_core::optim::CHECKSUM_BLOCK;
-            ps_core::optim::apply_in_blocks(&opt, &mut w, &mut state, &mut step, g, block, |b| {
-                crc.update(bytemuck::cast_slice(b))
-            });
-            sums ^= crc.finalize();
+            sums ^= ps_core::optim::apply_checksummed(&opt, &mut w, &mut state, &mut step, g);
         });
         let none = time(&mut |g| ps_core::optim::apply(&opt, &mut w, &mut state, &mut step, g));
         println!(

@@ -282,27 +282,17 @@ impl Table {
         bytes: &[u8],
         grad: &mut Vec<f32>,
     ) -> u32 {
-        let mut crc = crc32fast::Hasher::new();
         match bytemuck::try_cast_slice::<u8, f32>(bytes) {
             Ok(g) if cfg!(target_endian = "little") => {
                 let (w, state) = cell.data.split_at_mut(g.len());
-                let opt = &self.spec.optimizer;
-                optim::apply_in_blocks(
-                    opt,
-                    w,
-                    state,
-                    &mut cell.step,
-                    g,
-                    optim::CHECKSUM_BLOCK,
-                    |b| crc.update(bytemuck::cast_slice(b)),
-                );
+                optim::apply_checksummed(&self.spec.optimizer, w, state, &mut cell.step, g)
             }
             _ => {
-                crc.update(bytes);
+                let crc = crc32fast::hash(bytes);
                 self.apply_le(cell, bytes, grad);
+                crc
             }
         }
-        crc.finalize()
     }
 
     /// Puts one dense chunk's parameters and optimizer state into `batch`: two entries, since

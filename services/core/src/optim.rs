@@ -20,10 +20,26 @@ pub fn apply(opt: &Optimizer, w: &mut [f32], state: &mut [f32], step: &mut u64, 
     apply_in_blocks(opt, w, state, step, g, usize::MAX, |_| {});
 }
 
-/// The block a durable shard applies a dense gradient in, checksumming each block just before
-/// it applies it ([`apply_in_blocks`]): 8 KiB, which with the values it updates stays in a
-/// core's L1.
-pub const CHECKSUM_BLOCK: usize = 2048;
+/// The block [`apply_checksummed`] checksums and applies at a time: 8 KiB, which with the
+/// values it updates stays in a core's L1.
+const CHECKSUM_BLOCK: usize = 2048;
+
+/// [`apply`], returning the CRC-32 of `g` as it lies in memory (a durable shard's log record
+/// holds it), taken in the same pass: each block checksummed just before it is applied, while
+/// it is in the core's nearest cache, so the gradient is read from memory once, not twice.
+pub fn apply_checksummed(
+    opt: &Optimizer,
+    w: &mut [f32],
+    state: &mut [f32],
+    step: &mut u64,
+    g: &[f32],
+) -> u32 {
+    let mut crc = crc32fast::Hasher::new();
+    apply_in_blocks(opt, w, state, step, g, CHECKSUM_BLOCK, |b| {
+        crc.update(bytemuck::cast_slice(b))
+    });
+    crc.finalize()
+}
 
 /// [`apply`], `block` values at a time, calling `each` with a block of the gradient just before
 /// it is applied: a second use of the gradient (a checksum of it) made while its block is in
