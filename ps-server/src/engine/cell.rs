@@ -1,6 +1,10 @@
 //! A cell: one chunk of a dense table or one row of a sparse table, its parameters followed by
 //! its optimizer state, and how a cell is read back from its stored form.
 
+use std::ops::{Deref, DerefMut};
+use std::sync::Arc;
+
+use bytes::Bytes;
 use ps_core::TableSpec;
 
 use crate::optim;
@@ -10,7 +14,69 @@ use crate::optim;
 pub(super) struct Cell {
     pub(super) step: u64,
     /// `n` parameters followed by `n * state_slots` optimizer values.
-    pub(super) data: Box<[f32]>,
+    pub(super) data: Values,
+}
+
+/// A cell's values, shared copy-on-write: a pull's answer holds them ([`Values::params`]) until
+/// the socket has taken them, without the cell's lock and without a copy, and an update of the
+/// cell meanwhile writes into a copy of its own (the first mutable borrow copies them; an
+/// unshared cell, the usual case, is updated in place).
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Values(Arc<[f32]>);
+
+impl Values {
+    /// `len` zeros, allocated once (with the shared count in the same allocation).
+    pub(super) fn zeroed(len: usize) -> Self {
+        Self(std::iter::repeat_n(0.0, len).collect())
+    }
+
+    /// The first `n` values (the parameters) as little-endian bytes that share the cell's
+    /// memory: what a plain f32 pull answers. On a big-endian machine they are copied out in
+    /// little-endian order instead.
+    pub(super) fn params(&self, n: usize) -> Bytes {
+        let n = n.min(self.0.len());
+        if cfg!(target_endian = "little") {
+            Bytes::from_owner(Params {
+                values: Arc::clone(&self.0),
+                n,
+            })
+        } else {
+            self.0[..n].iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+    }
+}
+
+impl From<Vec<f32>> for Values {
+    fn from(v: Vec<f32>) -> Self {
+        Self(v.into())
+    }
+}
+
+impl Deref for Values {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl DerefMut for Values {
+    /// The values to update: in place when nothing else holds them, else a copy of them that
+    /// this cell then holds alone (what held them keeps the values as they were).
+    fn deref_mut(&mut self) -> &mut [f32] {
+        Arc::make_mut(&mut self.0)
+    }
+}
+
+/// The parameters a pull's answer holds: the bytes of `values[..n]` (see [`Values::params`]).
+struct Params {
+    values: Arc<[f32]>,
+    n: usize,
+}
+
+impl AsRef<[u8]> for Params {
+    fn as_ref(&self) -> &[u8] {
+        bytemuck::cast_slice(&self.values[..self.n])
+    }
 }
 
 impl Cell {
@@ -25,7 +91,7 @@ impl Cell {
         state: Option<&[u8]>,
     ) -> Result<(Self, u64), crate::store::StoreError> {
         let slots = spec.optimizer.state_slots();
-        let mut data = vec![0.0; n * (1 + slots)];
+        let mut data = Values::zeroed(n * (1 + slots));
         let (params, whole, stamp) = split_stamped(params, n, slots);
         let state = whole.or(state);
         super::keys::read_f32s(params, &mut data[..n])?;
@@ -39,13 +105,7 @@ impl Cell {
             }
             _ => 0,
         };
-        Ok((
-            Self {
-                step,
-                data: data.into_boxed_slice(),
-            },
-            stamp,
-        ))
+        Ok((Self { step, data }, stamp))
     }
 
     /// Sets the cell's step and optimizer state (after its `n` parameters) from their stored
@@ -60,13 +120,10 @@ impl Cell {
     }
 
     pub(super) fn fresh(spec: &TableSpec, table_hash: u64, key: u64, n: usize) -> Self {
-        let mut data = vec![0.0; n * (1 + spec.optimizer.state_slots())];
+        let mut data = Values::zeroed(n * (1 + spec.optimizer.state_slots()));
         spec.initializer.fill(table_hash, key, &mut data[..n]);
         data[n..].copy_from_slice(&optim::initial_state(&spec.optimizer, n));
-        Self {
-            step: 0,
-            data: data.into_boxed_slice(),
-        }
+        Self { step: 0, data }
     }
 
     /// The stored form of the optimizer state: step count, then the state values.
@@ -117,4 +174,45 @@ fn read_state(stored: &[u8], state: &mut [f32]) -> Result<u64, crate::store::Sto
     }
     super::keys::read_f32s(&stored[8..], state)?;
     super::keys::le_u64(&stored[..8])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn le(values: &[f32]) -> Vec<u8> {
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn a_pulls_bytes_keep_the_values_they_were_given_while_the_cell_is_updated() {
+        // Parameters 1, 2, 3, then three optimizer values.
+        let mut values = Values::from(vec![1.0, 2.0, 3.0, 10.0, 20.0, 30.0]);
+        let pulled = values.params(3);
+        assert_eq!(&pulled[..], &le(&[1.0, 2.0, 3.0])[..]);
+        // Shared with the cell: no copy was made for the answer.
+        assert_eq!(pulled.as_ptr(), values.as_ptr().cast::<u8>());
+        let before = values.as_ptr();
+        values[0] = 5.0;
+        values[4] = 0.5;
+        // The update wrote into a copy of its own; the answer still holds what was pulled.
+        assert_ne!(values.as_ptr(), before);
+        assert_eq!(&pulled[..], &le(&[1.0, 2.0, 3.0])[..]);
+        assert_eq!(&values[..], &[5.0, 2.0, 3.0, 10.0, 0.5, 30.0]);
+        // A later pull sees the update.
+        assert_eq!(&values.params(3)[..], &le(&[5.0, 2.0, 3.0])[..]);
+        // More than the cell holds is the whole cell, never past it.
+        assert_eq!(values.params(99).len(), 6 * 4);
+    }
+
+    #[test]
+    fn an_unshared_cell_is_updated_in_place() {
+        let mut values = Values::from(vec![1.0; 4]);
+        let pulled = values.params(2);
+        drop(pulled);
+        let at = values.as_ptr();
+        values[1] = 7.0;
+        assert_eq!(values.as_ptr(), at, "no pull holds the values: no copy");
+        assert_eq!(&values[..], &[1.0, 7.0, 1.0, 1.0]);
+    }
 }

@@ -83,7 +83,11 @@ impl<S: Store> Engine<S> {
                 .read();
             let current = &cell.data[..len];
             let payload = match &req.delta {
-                None => Payload::encode_plain(current, req.accept, 0),
+                // Plain f32 holds the cell's values themselves until the socket has taken
+                // them: no copy, and no lock held meanwhile (`cell::Values`).
+                None => {
+                    Payload::encode_plain_shared(current, || cell.data.params(len), req.accept, 0)
+                }
                 Some(d) => {
                     let (payload, is_delta, version) = self.inner.delta_chunk(
                         table,

@@ -20,8 +20,9 @@ pub(super) enum TableData {
     Sparse(Rows),
 }
 
-/// Bytes a cell takes besides its values (map entry, lock, allocation).
-const CELL_OVERHEAD: u64 = 64;
+/// Bytes a cell takes besides its values (map entry, lock, allocation, and the allocation's
+/// shared count: `cell::Values`).
+const CELL_OVERHEAD: u64 = 80;
 
 /// Most chunks a dense table may have: its cells are held one per chunk, so the count bounds
 /// the work and memory of creating it whatever the chunks' size.

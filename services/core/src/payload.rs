@@ -98,18 +98,35 @@ impl Payload {
     /// else as f32. `dim` is the row length of a sparse table's values (0 for a dense table's):
     /// an int8 or int4 answer takes one scale per [`ps_codec::PullCodec::scale_block`] values.
     pub fn encode_plain(values: &[f32], encoding: Encoding, dim: usize) -> Self {
-        let codec = match encoding {
-            Encoding::F16 => Codec::F16,
-            Encoding::Bf16 => Codec::Bf16,
-            // At most 4096: fits a u32.
-            Encoding::Int8 => Codec::Int8 {
-                block: ps_codec::PullCodec::scale_block(dim) as u32,
-            },
-            Encoding::Int4 => Codec::Int4 {
-                block: ps_codec::PullCodec::scale_block(dim) as u32,
-            },
-            _ => return Self::from_f32(values),
-        };
+        match pull_codec(encoding, dim) {
+            Some(codec) => Self::encode_with(codec, values),
+            None => Self::from_f32(values),
+        }
+    }
+
+    /// [`Payload::encode_plain`] of values whose little-endian bytes `le` gives without a copy
+    /// (memory shared with their owner): an f32 answer holds those bytes as they are, another
+    /// encoding is made from `values`.
+    pub fn encode_plain_shared(
+        values: &[f32],
+        le: impl FnOnce() -> Bytes,
+        encoding: Encoding,
+        dim: usize,
+    ) -> Self {
+        match pull_codec(encoding, dim) {
+            Some(codec) => Self::encode_with(codec, values),
+            None => {
+                let data = le();
+                let whole = data.len() / 4 * 4;
+                Self {
+                    header: Header::f32(whole / 4),
+                    data: data.slice(..whole),
+                }
+            }
+        }
+    }
+
+    fn encode_with(codec: Codec, values: &[f32]) -> Self {
         let opts = CompressOptions {
             codec,
             min_values: 0,
@@ -190,6 +207,23 @@ impl Payload {
         let v = self.to_vec().ok()?;
         v.iter().position(|x| !x.is_finite())
     }
+}
+
+/// The codec a pull answer in `encoding` takes (f16, bf16, int8 or int4); `None` for f32, which
+/// every other encoding is answered as.
+fn pull_codec(encoding: Encoding, dim: usize) -> Option<Codec> {
+    Some(match encoding {
+        Encoding::F16 => Codec::F16,
+        Encoding::Bf16 => Codec::Bf16,
+        // At most 4096: fits a u32.
+        Encoding::Int8 => Codec::Int8 {
+            block: ps_codec::PullCodec::scale_block(dim) as u32,
+        },
+        Encoding::Int4 => Codec::Int4 {
+            block: ps_codec::PullCodec::scale_block(dim) as u32,
+        },
+        _ => return None,
+    })
 }
 
 impl From<Encoded> for Payload {
