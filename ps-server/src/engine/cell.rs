@@ -30,19 +30,13 @@ impl Values {
         Self(std::iter::repeat_n(0.0, len).collect())
     }
 
-    /// The first `n` values (the parameters) as little-endian bytes that share the cell's
-    /// memory: what a plain f32 pull answers. On a big-endian machine they are copied out in
-    /// little-endian order instead.
+    /// The bytes of the first `n` values (the parameters), sharing the cell's memory: what a
+    /// plain f32 pull answers (`Payload::encode_plain_shared`).
     pub(super) fn params(&self, n: usize) -> Bytes {
-        let n = n.min(self.0.len());
-        if cfg!(target_endian = "little") {
-            Bytes::from_owner(Params {
-                values: Arc::clone(&self.0),
-                n,
-            })
-        } else {
-            self.0[..n].iter().flat_map(|v| v.to_le_bytes()).collect()
-        }
+        Bytes::from_owner(Params {
+            values: Arc::clone(&self.0),
+            n: n.min(self.0.len()),
+        })
     }
 }
 

@@ -104,25 +104,31 @@ impl Payload {
         }
     }
 
-    /// [`Payload::encode_plain`] of values whose little-endian bytes `le` gives without a copy
-    /// (memory shared with their owner): an f32 answer holds those bytes as they are, another
-    /// encoding is made from `values`.
+    /// [`Payload::encode_plain`] of values whose bytes in memory `shared` gives without a copy
+    /// (memory shared with their owner): an f32 answer on a little-endian machine holds those
+    /// bytes as they are; another encoding, or f32 on a big-endian machine, is made from
+    /// `values`.
     pub fn encode_plain_shared(
         values: &[f32],
-        le: impl FnOnce() -> Bytes,
+        shared: impl FnOnce() -> Bytes,
         encoding: Encoding,
         dim: usize,
     ) -> Self {
         match pull_codec(encoding, dim) {
             Some(codec) => Self::encode_with(codec, values),
-            None => {
-                let data = le();
-                let whole = data.len() / 4 * 4;
+            None if cfg!(target_endian = "little") => {
+                let data = shared();
+                debug_assert_eq!(
+                    data.len(),
+                    values.len() * 4,
+                    "the shared bytes are the values'"
+                );
                 Self {
-                    header: Header::f32(whole / 4),
-                    data: data.slice(..whole),
+                    header: Header::f32(values.len()),
+                    data,
                 }
             }
+            None => Self::from_f32(values),
         }
     }
 
