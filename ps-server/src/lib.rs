@@ -12,6 +12,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod engine;
 pub mod metrics;
+mod page_warmer;
 pub mod push_log;
 pub use ps_core::optim;
 pub mod registration;

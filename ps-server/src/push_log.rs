@@ -46,6 +46,7 @@ use bytes::Bytes;
 use ps_core::PushId;
 
 use crate::body_ring::BodyRing;
+use crate::page_warmer::PageWarmer;
 
 /// The push log's errors.
 #[derive(Debug, thiserror::Error)]
@@ -161,6 +162,20 @@ pub struct PushLog {
     image_room: u64,
     image_written: u64,
     image_crc: crc32fast::Hasher,
+    /// The thread reading the file's pages ahead of the head during its first lap in this
+    /// process ([`PushLog::warm_ahead`]); `Warming::Done` after it.
+    warmer: Warming,
+}
+
+/// Where warming the log's pages ahead of its head stands.
+#[derive(Debug, Default)]
+enum Warming {
+    /// Not begun: no record has been placed yet.
+    #[default]
+    NotYet,
+    On(PageWarmer),
+    /// A lap has been read (or the thread could not start): nothing more to do.
+    Done,
 }
 
 /// One push of a replayed record.
@@ -269,7 +284,23 @@ impl PushLog {
             image_room: 0,
             image_written: 0,
             image_crc: crc32fast::Hasher::new(),
+            warmer: Warming::NotYet,
         })
+    }
+
+    /// Has the file's pages from the head to `bytes` past it read, by a thread of its own, if
+    /// this process has not yet written them (`page_warmer.rs`): what the next records and
+    /// the next image will be written into.
+    pub fn warm_ahead(&mut self, bytes: u64) {
+        if let Warming::NotYet = self.warmer {
+            self.warmer = PageWarmer::start(&self.file, self.capacity, self.head)
+                .map_or(Warming::Done, Warming::On);
+        }
+        if let Warming::On(w) = &mut self.warmer
+            && !w.ahead_to(self.head.saturating_add(bytes))
+        {
+            self.warmer = Warming::Done;
+        }
     }
 
     /// Gives the log the ring its large dense pushes' bodies are received into: their
@@ -290,6 +321,8 @@ impl PushLog {
         self.head = 0;
         self.dense_tail = 0;
         self.rows_tail = 0;
+        // Its pages are new again.
+        self.warmer = Warming::NotYet;
         if let Some(ring) = &self.bodies {
             ring.clear_references();
         }

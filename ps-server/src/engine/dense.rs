@@ -168,6 +168,9 @@ impl<S: Store> Inner<S> {
         // more, the oldest dirty rows are written back and the image is written (or, when the
         // cells are too many for one, a snapshot).
         let (image, room) = self.image_room(log);
+        // What this record and the next image will be written into, read ahead while the log
+        // is new to this process (`page_warmer.rs`), and as much again.
+        log.warm_ahead(2 * (len + room));
         if !log.fits(len + room) {
             let needed = log.tail_needed(len + room);
             if log.rows_tail() < needed {
