@@ -471,7 +471,9 @@ async fn dense_case(
             // Pulled into one buffer, as a training loop keeps its parameters from step to
             // step (a fresh tensor per pull would cost its pages' faults and zeroing).
             let mut w = vec![0.0f32; floats];
+            let written = warmup.written(&ps).await?;
             let t = Instant::now();
+            let mut polled = Instant::now();
             let mut pushed = 0u64;
             let step = async |w: &mut [f32]| -> anyhow::Result<()> {
                 if fused {
@@ -485,10 +487,23 @@ async fn dense_case(
             loop {
                 step(&mut w).await?;
                 pushed += floats as u64 * 4;
-                if warmup.done(t.elapsed().as_secs_f64(), pushed) {
+                let elapsed = t.elapsed().as_secs_f64();
+                if elapsed < warmup.seconds {
+                    continue;
+                }
+                if warmup.log_bytes == 0 || elapsed >= MAX_WARMUP_S {
                     break;
                 }
+                // The shards' counters, a few times a second: a call per step would weigh on
+                // small tensors' steps.
+                if polled.elapsed().as_secs_f64() >= 0.25 {
+                    polled = Instant::now();
+                    if warmup.lapped(&ps, &written).await? {
+                        break;
+                    }
+                }
             }
+            let warm = (pushed as f64 * 2.0, t.elapsed().as_secs_f64());
             start.wait().await;
             let t = Instant::now();
             let mut pairs = Vec::new();
@@ -498,14 +513,19 @@ async fn dense_case(
                 std::hint::black_box(&w);
                 pairs.push(pair.elapsed().as_secs_f64() * 1e3);
             }
-            Ok::<_, anyhow::Error>((pairs, t.elapsed().as_secs_f64()))
+            Ok::<_, anyhow::Error>(((pairs, t.elapsed().as_secs_f64()), warm))
         }));
     }
-    let mut clients = Vec::new();
+    let (mut clients, mut warm_bytes, mut warm_s) = (Vec::new(), 0.0, 0.0f64);
     for t in tasks {
-        clients.push(t.await??);
+        let (timed, (bytes, secs)) = t.await??;
+        clients.push(timed);
+        warm_bytes += bytes;
+        warm_s = warm_s.max(secs);
     }
-    Ok(Dense::of(floats, clients))
+    let mut d = Dense::of(floats, clients);
+    d.warmup = Some((warm_s, warm_bytes / warm_s / 1e9));
+    Ok(d)
 }
 
 /// ps-lite's side of a dense case (`--pslite`): a scheduler, `servers` servers and `workers`
@@ -639,14 +659,16 @@ impl PsliteCase<'_> {
     }
 }
 
-/// How long a dense case warms up: at least `seconds`, and until each client pushed
-/// `lap_bytes` (its share of a lap through every shard's push log: a new log's first lap is
-/// slower, as the kernel allocates its pages and, with `--sync`, converts its extents), for
-/// at most `MAX_WARMUP_S`.
+/// How long a dense case warms up: at least `seconds`, and until every shard has written
+/// `log_bytes` (a lap through its push log, as its `bytes_written` counter tells: a new log's
+/// first lap is slower, as the kernel allocates its pages and, with `--sync`, converts its
+/// extents; the body ring laps sooner), for at most `MAX_WARMUP_S`. What the warm-up took
+/// is reported beside the timed figures (`warmup_s`, `warmup_gbps`).
 #[derive(Debug, Clone, Copy)]
 struct Warmup {
     seconds: f64,
-    lap_bytes: u64,
+    /// 0: no push log to lap (in-memory shards).
+    log_bytes: u64,
 }
 
 /// The most a lap may add to a warm-up (small tensors, latency-bound, take long to lap a log
@@ -654,8 +676,29 @@ struct Warmup {
 const MAX_WARMUP_S: f64 = 20.0;
 
 impl Warmup {
-    fn done(&self, elapsed: f64, pushed: u64) -> bool {
-        elapsed >= self.seconds && (pushed >= self.lap_bytes || elapsed >= MAX_WARMUP_S)
+    /// Each shard's bytes written so far, by shard index (none without a log to lap).
+    async fn written(&self, ps: &PsClient) -> anyhow::Result<Vec<(u32, u64)>> {
+        if self.log_bytes == 0 {
+            return Ok(Vec::new());
+        }
+        let mut w: Vec<(u32, u64)> = ps
+            .stats()
+            .await?
+            .iter()
+            .map(|s| (s.shard_index, s.bytes_written))
+            .collect();
+        w.sort_unstable();
+        Ok(w)
+    }
+
+    /// Whether every shard has written a lap of its log since `before` ([`Warmup::written`]).
+    async fn lapped(&self, ps: &PsClient, before: &[(u32, u64)]) -> anyhow::Result<bool> {
+        let now = self.written(ps).await?;
+        Ok(now.len() == before.len()
+            && now
+                .iter()
+                .zip(before)
+                .all(|(&(i, n), &(j, b))| i == j && n.saturating_sub(b) >= self.log_bytes))
     }
 }
 
@@ -666,6 +709,9 @@ struct Dense {
     rounds: usize,
     p50_ms: f64,
     p99_ms: f64,
+    /// Our side's warm-up: its seconds and goodput (a new shard's first lap of its push log
+    /// is in it).
+    warmup: Option<(f64, f64)>,
 }
 
 impl Dense {
@@ -684,6 +730,7 @@ impl Dense {
             rounds: pairs.len(),
             p50_ms: quantile(&mut pairs, 0.5),
             p99_ms: quantile(&mut pairs, 0.99),
+            warmup: None,
         }
     }
 }
@@ -1086,8 +1133,12 @@ fn main() -> anyhow::Result<()> {
         let vs_pslite = pslite
             .map(|g| format!(",\"ratio_pslite\":{:.3}", d.gbps / g))
             .unwrap_or_default();
+        let warmed = d
+            .warmup
+            .map(|(s, g)| format!(",\"warmup_s\":{s:.1},\"warmup_gbps\":{g:.3}"))
+            .unwrap_or_default();
         println!(
-            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"mode\":\"{mode}\",\"step\":\"{step}\",\"transport\":\"{}\",\"shards_in\":\"{shards_in}\",\"rounds\":{},\"goodput_gbps\":{:.3},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}{vs_pslite}}}",
+            "{{\"case\":\"dense_push_pull\",\"floats\":{floats},\"shards\":{n},\"clients\":{clients},\"mode\":\"{mode}\",\"step\":\"{step}\",\"transport\":\"{}\",\"shards_in\":\"{shards_in}\",\"rounds\":{},\"goodput_gbps\":{:.3},\"pair_p50_ms\":{:.3},\"pair_p99_ms\":{:.3},\"ratio_limit\":{:.3},\"ratio_memcpy\":{:.3},\"ratio_file_append\":{:.3}{vs_pslite}{warmed}}}",
             transport.name(),
             d.rounds,
             d.gbps,
@@ -1098,18 +1149,14 @@ fn main() -> anyhow::Result<()> {
             d.gbps / append
         );
     };
-    // Each client's share of a lap through every shard's push log (durable shards only).
+    // A lap through each shard's push log (durable shards only).
     let log_bytes = args
         .dense_log_mib
         .unwrap_or(ps_server::store::RocksOptions::default().dense_log_mib)
         << 20;
-    let warm = |durable: bool, shards: u32, clients: usize| Warmup {
+    let warm = |durable: bool| Warmup {
         seconds: warmup,
-        lap_bytes: if durable {
-            log_bytes * u64::from(shards) / clients.max(1) as u64
-        } else {
-            0
-        },
+        log_bytes: if durable { log_bytes } else { 0 },
     };
     let modes: &[(&str, bool, bool)] = &[("durable", true, false), ("memory", false, false)];
     for &(n, clients) in &layouts {
@@ -1162,7 +1209,7 @@ fn main() -> anyhow::Result<()> {
                         clients,
                         floats,
                         seconds,
-                        warm(durable, n, clients),
+                        warm(durable),
                         &transport,
                         step == "fused",
                     ))?;
@@ -1182,7 +1229,7 @@ fn main() -> anyhow::Result<()> {
             1,
             floats,
             seconds,
-            warm(true, 1, 1),
+            warm(true),
             &transport,
             false,
         ))?;

@@ -71,6 +71,9 @@ impl<S: Store> Inner<S> {
         self.write(batch)
             .map_err(|cause| EngineError::ReadOnly { cause })?;
         log.set_dense_tail(at);
+        self.counters
+            .bytes_written
+            .fetch_add(written, Ordering::Relaxed);
         m::dense_image(written, t0.elapsed());
         Ok(())
     }

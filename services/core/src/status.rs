@@ -242,6 +242,7 @@ pub struct ShardStats {
     pub pushes_applied: u64,
     pub pushes_duplicate: u64,
     pub write_batches: u64,
+    /// Bytes of durable writes: store batches, push-log records and images of the dense cells.
     pub bytes_written: u64,
     pub live_data_bytes: u64,
     pub tables: Vec<TableStats>,
