@@ -662,8 +662,9 @@ impl PsliteCase<'_> {
 /// How long a dense case warms up: at least `seconds`, and until every shard has written
 /// `log_bytes` (a lap through its push log, as its `bytes_written` counter tells: a new log's
 /// first lap is slower, as the kernel allocates its pages and, with `--sync`, converts its
-/// extents; the body ring laps sooner), for at most `MAX_WARMUP_S`. What the warm-up took
-/// is reported beside the timed figures (`warmup_s`, `warmup_gbps`).
+/// extents; the body ring laps sooner), for at most `MAX_WARMUP_S`. The counter also counts
+/// the shard's store writes, which in a dense case are its push ids, a few bytes a push. What
+/// the warm-up took is reported beside the timed figures (`warmup_s`, `warmup_gbps`).
 #[derive(Debug, Clone, Copy)]
 struct Warmup {
     seconds: f64,
