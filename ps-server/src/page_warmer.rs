@@ -6,7 +6,7 @@
 //! A new page costs its allocation and zeroing: overwriting a cached page is about twice as
 //! fast as a first write on bare metal, and on a virtual machine whose memory the host has
 //! not yet backed, about twenty times (ps-bench, 16 M floats, 2 shards × 2 clients: an image
-//! of 32 MiB took 134-172 ms on the writer thread instead of 12-32 ms, which is what the
+//! of 64 MiB took 134-172 ms on the writer thread instead of 12-32 ms, which is what the
 //! pushes queued behind it waited). After one lap every page of the log has been written and
 //! stays cached while memory allows, so the thread then ends.
 //!
