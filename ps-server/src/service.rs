@@ -14,7 +14,7 @@ use tracing::instrument;
 
 use ps_runtime::auth::Caller;
 
-use crate::engine::{Engine, EngineError, ExportRequest, PushOutcome, Shard};
+use crate::engine::{Checked, Engine, EngineError, ExportRequest, PushOutcome, Shard};
 use crate::metrics as m;
 use crate::store::Store;
 
@@ -208,6 +208,7 @@ impl<S: Store> ParameterServer for PsService<S> {
     ) -> Result<Response<pb::PushResponse>, Status> {
         const M: &str = "PushDense";
         let caller = Caller::of(&req);
+        let checked = checked_of(&req);
         let mut req = PushDense::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
         check_table(M, &caller, req.table.as_str())?;
         req.push_id.client_id = caller.own_id(req.push_id.client_id);
@@ -217,7 +218,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         span.record("seq", req.push_id.seq);
         let outcome = self
             .engine()
-            .push_dense(req)
+            .push_dense(req, checked)
             .await
             .map_err(|e| refuse(M, e))?;
         Ok(push_response(outcome))
@@ -249,6 +250,7 @@ impl<S: Store> ParameterServer for PsService<S> {
     ) -> Result<Response<pb::PushResponse>, Status> {
         const M: &str = "PushSparse";
         let caller = Caller::of(&req);
+        let checked = checked_of(&req);
         let mut req = PushSparse::try_from(req.into_inner()).map_err(|e| refuse(M, e))?;
         check_table(M, &caller, req.table.as_str())?;
         req.push_id.client_id = caller.own_id(req.push_id.client_id);
@@ -259,7 +261,7 @@ impl<S: Store> ParameterServer for PsService<S> {
         span.record("ids", req.ids.len());
         let outcome = self
             .engine()
-            .push_sparse(req)
+            .push_sparse(req, checked)
             .await
             .map_err(|e| refuse(M, e))?;
         Ok(push_response(outcome))
@@ -423,4 +425,13 @@ impl<S: Store> ParameterServer for PsService<S> {
         };
         Ok(Response::new(stats.into()))
     }
+}
+
+/// What the edge that received `req` has already checked of its values (the bulk listener
+/// marks a body it scanned; a gRPC call carries no mark: its caller cannot set extensions).
+fn checked_of<T>(req: &Request<T>) -> Checked {
+    req.extensions()
+        .get::<Checked>()
+        .copied()
+        .unwrap_or_default()
 }

@@ -9,7 +9,8 @@
 //!   the wire message through the services' own descriptors) or `raw_hex` (the message bytes
 //!   as sent); `code` (a `google.rpc.Code` name) and optionally `reason` (the ErrorInfo reason).
 //! - bulk stream (`bulk.jsonl`): `kind` (method), `header` (proto3 JSON of the request) or
-//!   `header_hex`, `body_len` (claimed) and `body` (`zeros`, `nan` or `none`: what is sent), or
+//!   `header_hex`, `body_len` (claimed) and `body` (`zeros`, `nan`, `nan_last`: zeros but a
+//!   NaN as the last value, or `none`: what is sent), or
 //!   `frame_hex` for bytes as sent; `code`, or `"closed"` when the shard must close the stream.
 //!
 //! In a `request`, a string `"$repeat:N:V"` stands for an array of N copies of V, and
@@ -402,6 +403,13 @@ async fn bulk_case(addr: std::net::SocketAddr, pool: &DescriptorPool, case: &Val
                     for _ in 0..body_len / 4 {
                         frame.extend_from_slice(&f32::NAN.to_le_bytes());
                     }
+                }
+                "nan_last" => {
+                    frame.extend(std::iter::repeat_n(
+                        0u8,
+                        (body_len as usize).saturating_sub(4),
+                    ));
+                    frame.extend_from_slice(&f32::NAN.to_le_bytes());
                 }
                 _ => {}
             }

@@ -74,6 +74,7 @@ pub use read::PulledDense;
 pub use routing::MapEpoch;
 pub use shard::{Checkpointed, Reopen, Restored, Shard};
 pub use table::Table;
+pub use validate::Checked;
 
 use crate::body_ring::BodyRing;
 use crate::push_log::{PushLog, PushLogOptions};

@@ -42,9 +42,21 @@ pub(super) fn wrong_kind(table: &Table) -> EngineError {
     }
 }
 
+/// What the edge that received a push has already checked of its values, so that the engine
+/// need not pass over them again.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Checked {
+    /// Nothing: the engine checks everything.
+    #[default]
+    Nothing,
+    /// Every value of the push is plain f32 and none is a NaN or an infinity: the bulk
+    /// listener looked at each as it was read (`bulk::read_body`).
+    Finite,
+}
+
 impl<S: Store> Engine<S> {
     /// Validates a dense push against its table and this shard, then has the writer apply it.
-    pub async fn push_dense(&self, mut req: PushDense) -> Result<PushOutcome> {
+    pub async fn push_dense(&self, mut req: PushDense, checked: Checked) -> Result<PushOutcome> {
         let table = self.table(&req.table)?;
         self.check_epoch(req.map_epoch)?;
         // What the payloads claim is checked against the table's chunks before any is
@@ -53,14 +65,14 @@ impl<S: Store> Engine<S> {
         let reserved = self.reserve("the push", values.saturating_mul(4)).await?;
         let cpu = ThreadCpu::now();
         self.check_dense_slices(&table, &req.slices)?;
-        let decoded = decode_dense_slices(&table, &mut req.slices);
+        let decoded = decode_dense_slices(&table, &mut req.slices, checked);
         table.charge(cpu);
         decoded?;
         self.push(Job::Dense(table, req), reserved).await
     }
 
     /// Validates a sparse push against its table and this shard, then has the writer apply it.
-    pub async fn push_sparse(&self, mut req: PushSparse) -> Result<PushOutcome> {
+    pub async fn push_sparse(&self, mut req: PushSparse, checked: Checked) -> Result<PushOutcome> {
         let table = self.table(&req.table)?;
         self.check_epoch(req.map_epoch)?;
         let TableKind::Sparse { dim } = table.spec.kind else {
@@ -77,10 +89,12 @@ impl<S: Store> Engine<S> {
             .reserve("the push", (req.values.len() as u64).saturating_mul(4))
             .await?;
         let cpu = ThreadCpu::now();
+        let finite = finite_already(checked, &req.values);
         let decoded = decode_received(&table, "values", &req.values);
         table.charge(cpu);
         req.values = decoded?;
         if table.spec.non_finite == NonFinitePolicy::Reject
+            && !finite
             && let Some(i) = req.values.first_non_finite()
         {
             return Err(EngineError::NonFinite {
@@ -175,14 +189,22 @@ impl<S: Store> Engine<S> {
     }
 }
 
+/// Whether `values`, as received (before decoding), are known to hold no NaN or infinity
+/// without looking at them again.
+fn finite_already(checked: Checked, values: &Payload) -> bool {
+    checked == Checked::Finite && values.is_plain_f32()
+}
+
 /// Decodes every slice of a checked push to f32 (a slice that does not decode exactly refuses
 /// the whole push) and applies the table's rule for NaN and infinity.
-fn decode_dense_slices(table: &Table, slices: &mut [DenseSlice]) -> Result<()> {
+fn decode_dense_slices(table: &Table, slices: &mut [DenseSlice], checked: Checked) -> Result<()> {
     let chunk_elems = table.spec.dense_shape().map_or(1, |s| s.chunk_elems);
     for (i, s) in slices.iter_mut().enumerate() {
         let field = format!("slices[{i}]");
+        let finite = finite_already(checked, &s.values);
         s.values = decode_received(table, &format!("{field}.values"), &s.values)?;
         if table.spec.non_finite == NonFinitePolicy::Reject
+            && !finite
             && let Some(j) = s.values.first_non_finite()
         {
             return Err(EngineError::NonFinite {

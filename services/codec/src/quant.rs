@@ -28,21 +28,30 @@ pub fn any_non_finite(values: &[f32]) -> bool {
         != 0
 }
 
+/// True when any of the little-endian f32 values in `bytes` is a NaN or an infinity (a trailing
+/// part of a value is not looked at): a branch-free fold that vectorizes, aligned or not.
+pub fn any_non_finite_le(bytes: &[u8]) -> bool {
+    bytes
+        .chunks_exact(4)
+        .fold(0u32, |acc, b| acc | non_finite_top_bit(word_le(b)))
+        >> 31
+        != 0
+}
+
+fn word_le(b: &[u8]) -> u32 {
+    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
 /// Index of the first NaN or infinity among little-endian f32 values. Each block is scanned
-/// with a branch-free fold (which vectorizes, aligned or not); only a block holding one is
-/// searched value by value.
+/// with [`any_non_finite_le`]; only a block holding one is searched value by value.
 pub fn first_non_finite_le(bytes: &[u8]) -> Option<usize> {
     const BLOCK: usize = 4096;
-    let word = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
     bytes.chunks(BLOCK).enumerate().find_map(|(i, block)| {
-        let any = block
-            .chunks_exact(4)
-            .fold(0u32, |acc, b| acc | non_finite_top_bit(word(b)));
-        (any >> 31 != 0).then(|| {
+        any_non_finite_le(block).then(|| {
             i * BLOCK / 4
                 + block
                     .chunks_exact(4)
-                    .position(|b| non_finite_top_bit(word(b)) >> 31 != 0)
+                    .position(|b| non_finite_top_bit(word_le(b)) >> 31 != 0)
                     .unwrap_or(0)
         })
     })

@@ -734,12 +734,16 @@ fn non_finite_checks_tell_every_kind_of_value_apart() {
     assert!(!quant::any_non_finite(&finite));
     let bytes = |v: &[f32]| -> Vec<u8> { v.iter().flat_map(|x| x.to_le_bytes()).collect() };
     assert_eq!(quant::first_non_finite_le(&bytes(&finite)), None);
+    assert!(!quant::any_non_finite_le(&bytes(&finite)));
+    // A value cut short is not looked at: only whole values count.
+    assert!(!quant::any_non_finite_le(&bytes(&[1.0, f32::NAN])[..7]));
     for bad in non_finite {
         for at in [0, 4, finite.len()] {
             let mut v = finite.to_vec();
             v.insert(at, bad);
             assert!(quant::any_non_finite(&v), "{bad} at {at}");
             assert_eq!(quant::first_non_finite_le(&bytes(&v)), Some(at), "{bad}");
+            assert!(quant::any_non_finite_le(&bytes(&v)), "{bad} at {at}");
         }
     }
 }
