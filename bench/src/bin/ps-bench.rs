@@ -56,6 +56,11 @@ struct Args {
     /// measure a setting without a build of its own.
     #[arg(long = "rocksdb", value_name = "KEY=VALUE")]
     rocksdb: Vec<String>,
+    /// A top-level setting of every `ps-server` process the run starts, as its config file
+    /// takes it (`writer_spin_us=0`, `inline_push_bytes=0`, `group_commit_bytes=65536`;
+    /// repeatable): to measure a setting of the server's own without a build of its own.
+    #[arg(long = "server", value_name = "KEY=VALUE")]
+    server: Vec<String>,
     /// Pushes and pulls through gRPC only, not the shards' bulk stream.
     #[arg(long)]
     grpc_only: bool,
@@ -271,6 +276,8 @@ struct Shards<'a> {
     tls_dir: Option<&'a std::path::Path>,
     /// `--rocksdb`'s settings (processes only).
     rocksdb: &'a [String],
+    /// `--server`'s settings (processes only).
+    server: &'a [String],
     /// `ps-server` processes of this build, as deployed (the default); otherwise servers on a
     /// runtime of their own inside this process (`--in-process`).
     processes: bool,
@@ -331,7 +338,7 @@ impl Cluster {
             }
             args.extend(config_args(
                 &dir.path().join(format!("s{i}.toml")),
-                rocksdb_config(s.dense_log_mib, s.rocksdb)?,
+                shard_config(s.dense_log_mib, s.rocksdb, s.server)?,
             )?);
             shards.push(ShardProcess::spawn(&data, &args).await?);
         }
@@ -987,6 +994,7 @@ fn flood(client_rt: &tokio::runtime::Runtime, limit: u32, seconds: f64) -> anyho
             dense_log_mib: None,
             tls_dir: None,
             rocksdb: &[],
+            server: &[],
             processes: false,
         };
         let cluster = Cluster::start_with(shards, Some(auth));
@@ -1008,11 +1016,11 @@ fn main() -> anyhow::Result<()> {
     ps_runtime::heap::keep_large_buffers();
     let args = Args::parse();
     anyhow::ensure!(
-        args.rocksdb.is_empty() || !args.in_process,
-        "--rocksdb sets ps-server processes' config files: not with --in-process"
+        (args.rocksdb.is_empty() && args.server.is_empty()) || !args.in_process,
+        "--rocksdb and --server set ps-server processes' config files: not with --in-process"
     );
     // A malformed setting is refused here, before the limits and cases take their minutes.
-    rocksdb_config(None, &args.rocksdb)?;
+    shard_config(None, &args.rocksdb, &args.server)?;
     for bin in &args.pslite {
         anyhow::ensure!(
             bin.is_file(),
@@ -1115,6 +1123,7 @@ fn main() -> anyhow::Result<()> {
         dense_log_mib: args.dense_log_mib,
         tls_dir,
         rocksdb: &args.rocksdb,
+        server: &args.server,
         processes: !args.in_process,
     };
     let shards_in = if args.in_process {
@@ -1259,23 +1268,36 @@ fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The `[rocksdb]` table of a shard's config file: `dense_log_mib` and `--rocksdb`'s settings
-/// (none: no file).
-fn rocksdb_config(
+/// A shard's config file: `--server`'s top-level settings, and a `[rocksdb]` table of
+/// `dense_log_mib` and `--rocksdb`'s settings (none of them: no file).
+fn shard_config(
     dense_log_mib: Option<u64>,
-    settings: &[String],
+    rocksdb: &[String],
+    server: &[String],
 ) -> anyhow::Result<Option<String>> {
-    let mut lines: Vec<String> = dense_log_mib
+    let lines = |flag: &str, settings: &[String]| -> anyhow::Result<Vec<String>> {
+        settings
+            .iter()
+            .map(|s| {
+                let (key, value) = s
+                    .split_once('=')
+                    .ok_or_else(|| anyhow::anyhow!("--{flag} {s}: not KEY=VALUE"))?;
+                Ok(format!("{} = {}", key.trim(), toml_value(value.trim())))
+            })
+            .collect()
+    };
+    // The top-level keys come before the `[rocksdb]` table, as TOML requires.
+    let mut toml: Vec<String> = lines("server", server)?;
+    let mut table: Vec<String> = dense_log_mib
         .map(|mib| format!("dense_log_mib = {mib}"))
         .into_iter()
         .collect();
-    for s in settings {
-        let (key, value) = s
-            .split_once('=')
-            .ok_or_else(|| anyhow::anyhow!("--rocksdb {s}: not KEY=VALUE"))?;
-        lines.push(format!("{} = {}", key.trim(), toml_value(value.trim())));
+    table.extend(lines("rocksdb", rocksdb)?);
+    if !table.is_empty() {
+        toml.push("[rocksdb]".to_owned());
+        toml.extend(table);
     }
-    Ok((!lines.is_empty()).then(|| format!("[rocksdb]\n{}\n", lines.join("\n"))))
+    Ok((!toml.is_empty()).then(|| toml.join("\n") + "\n"))
 }
 
 /// `value` as a TOML value: a number, a boolean or a quoted string as it is; a bare word
@@ -1394,7 +1416,7 @@ async fn store_cases(args: &Args) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config = config_args(
         &dir.path().join("shard.toml"),
-        rocksdb_config(args.dense_log_mib, &args.rocksdb)?,
+        shard_config(args.dense_log_mib, &args.rocksdb, &args.server)?,
     )?;
     let config = config.as_slice();
     if args.only_restart {
@@ -1666,4 +1688,35 @@ fn dir_bytes(dir: &std::path::Path) -> u64 {
             })
             .sum()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `--server`, `--rocksdb` and `--dense-log-mib` make one config file that `ps-server`
+    /// reads as given: the top-level keys before the `[rocksdb]` table.
+    #[test]
+    fn shard_config_is_read_by_the_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let toml = shard_config(
+            Some(256),
+            &["dense_body_mib=8".to_owned()],
+            &[
+                "writer_spin_us=0".to_owned(),
+                "inline_push_bytes = 0".to_owned(),
+            ],
+        )
+        .unwrap();
+        let mut args = vec!["ps-server".to_owned(), "--data-dir".to_owned()];
+        args.push(dir.path().join("data").display().to_string());
+        args.extend(config_args(&dir.path().join("s.toml"), toml).unwrap());
+        let cfg = ServerConfig::resolve(ps_server::Args::parse_from(args)).unwrap();
+        assert!(cfg.writer_spin.is_zero());
+        assert_eq!(cfg.inline_push_bytes, 0);
+        assert_eq!(cfg.rocksdb.dense_log_mib, 256);
+        assert_eq!(cfg.rocksdb.dense_body_mib, Some(8));
+        assert_eq!(shard_config(None, &[], &[]).unwrap(), None);
+        assert!(shard_config(None, &[], &["writer_spin_us".to_owned()]).is_err());
+    }
 }
