@@ -72,6 +72,8 @@ pub trait StoreBatch: Send {
     fn delete_range(&mut self, cf: Cf, from: &[u8], to: &[u8]);
     /// Bytes of keys and values in the batch.
     fn size_bytes(&self) -> usize;
+    /// Whether the batch holds no write.
+    fn is_empty(&self) -> bool;
 }
 
 /// Where a shard's state lives.
@@ -406,6 +408,10 @@ impl StoreBatch for RocksBatch {
     fn size_bytes(&self) -> usize {
         self.batch.size_in_bytes()
     }
+
+    fn is_empty(&self) -> bool {
+        self.batch.is_empty()
+    }
 }
 
 impl Store for RocksStore {
@@ -520,23 +526,31 @@ pub struct MemoryStore {
 #[derive(Debug, Default)]
 pub struct MemoryBatch {
     bytes: usize,
+    writes: usize,
 }
 
 impl StoreBatch for MemoryBatch {
     fn put(&mut self, _: Cf, key: &[u8], value: &[u8]) {
         self.bytes += key.len() + value.len();
+        self.writes += 1;
     }
 
     fn delete(&mut self, _: Cf, key: &[u8]) {
         self.bytes += key.len();
+        self.writes += 1;
     }
 
     fn delete_range(&mut self, _: Cf, from: &[u8], to: &[u8]) {
         self.bytes += from.len() + to.len();
+        self.writes += 1;
     }
 
     fn size_bytes(&self) -> usize {
         self.bytes
+    }
+
+    fn is_empty(&self) -> bool {
+        self.writes == 0
     }
 }
 

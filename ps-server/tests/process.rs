@@ -378,7 +378,10 @@ async fn a_push_retried_after_kill_9_and_restart_is_not_applied_again() {
 /// several times, each wrap snapshotting the cells into RocksDB (an image of the cells, about
 /// 1 MB, is more than the log takes), and kill -9 then leaves a mix of snapshot and log
 /// records that the restart must replay exactly once, through Adam's state too. A dense push
-/// retried after the restart is recognised from the log alone.
+/// retried after the restart is recognised from the log alone; one pushed before the burst,
+/// whose record the log has overwritten, from the store, where its id went with the write
+/// that moved the log's tail past it. The burst's pushes write nothing to the store but
+/// those writes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_replays_a_wrapped_dense_log_exactly_once() {
     replay_a_wrapped_dense_log_after_kill_9(1, false).await;
@@ -418,15 +421,9 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
         .await
         .unwrap();
     }
-    let pushes = 23;
-    for k in 0..pushes {
-        ps.push_dense("count", &vec![-1.0; n]).await.unwrap();
-        let g: Vec<f32> = (0..n).map(|i| ((i * 7 + k) % 13) as f32 - 6.0).collect();
-        ps.push_dense("adam", &g).await.unwrap();
-    }
-    let push = pb::PushDenseRequest {
+    let raw_push = |push_id| pb::PushDenseRequest {
         table: "raw".into(),
-        push_id: only_push(77, 5),
+        push_id,
         map_epoch: 0,
         slices: vec![pb::DenseSlice {
             chunk: 0,
@@ -436,6 +433,25 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
         authorization: String::new(),
     };
     let mut raw = raw_client(&server.addr).await;
+    // Pushed before the burst, by a client of its own (no later floor covers it).
+    let early = raw_push(only_push(78, 1));
+    assert!(
+        !raw.push_dense(early.clone())
+            .await
+            .unwrap()
+            .into_inner()
+            .duplicate
+    );
+    let batches = || async { ps.stats().await.unwrap()[0].write_batches };
+    let before = batches().await;
+    let pushes = 23;
+    for k in 0..pushes {
+        ps.push_dense("count", &vec![-1.0; n]).await.unwrap();
+        let g: Vec<f32> = (0..n).map(|i| ((i * 7 + k) % 13) as f32 - 6.0).collect();
+        ps.push_dense("adam", &g).await.unwrap();
+    }
+    let written = batches().await - before;
+    let push = raw_push(only_push(77, 5));
     assert!(
         !raw.push_dense(push.clone())
             .await
@@ -452,6 +468,13 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
         log.windows(4).any(|w| w == b"PSDI"),
         images,
         "whether the log holds an image of the cells"
+    );
+    assert!(
+        // Snapshots, images and the rows' tail (about one per push through the 1 MiB log),
+        // not a write per push besides.
+        (1..2 * pushes as u64).contains(&written),
+        "{written} store writes for the burst's {} pushes",
+        2 * pushes
     );
     server.svc.kill();
 
@@ -476,7 +499,11 @@ async fn replay_a_wrapped_dense_log_after_kill_9(log_mib: u64, images: bool) {
         raw.push_dense(push).await.unwrap().into_inner().duplicate,
         "the restarted shard must recognise the retried dense push"
     );
-    assert_eq!(ps.pull_dense("raw").await.unwrap(), vec![2.0; 1000]);
+    assert!(
+        raw.push_dense(early).await.unwrap().into_inner().duplicate,
+        "the restarted shard must recognise a retried push whose record the log overwrote"
+    );
+    assert_eq!(ps.pull_dense("raw").await.unwrap(), vec![4.0; 1000]);
     // One more acknowledged push after the replay, then kill -9 again.
     ps.push_dense("count", &vec![-1.0; n]).await.unwrap();
     server.svc.kill();

@@ -37,6 +37,7 @@ impl<S: Store> Inner<S> {
         }
         let head = log.head();
         batch.put(Cf::Meta, META_LOG_POS, &head.to_le_bytes());
+        self.dedup.lock().store_waiting(&mut batch);
         let bytes = batch.size_bytes();
         self.write(batch)
             .map_err(|cause| EngineError::ReadOnly { cause })?;
@@ -68,6 +69,7 @@ impl<S: Store> Inner<S> {
         let at = log.head() - written;
         let mut batch = self.store.batch();
         batch.put(Cf::Meta, META_LOG_POS, &at.to_le_bytes());
+        self.dedup.lock().store_waiting(&mut batch);
         self.write(batch)
             .map_err(|cause| EngineError::ReadOnly { cause })?;
         log.set_dense_tail(at);

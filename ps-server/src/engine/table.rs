@@ -365,6 +365,9 @@ mod tests {
         fn size_bytes(&self) -> usize {
             0
         }
+        fn is_empty(&self) -> bool {
+            self.0.is_empty()
+        }
     }
 
     fn trained(table: &Table, key: u64, n: usize) -> Cell {

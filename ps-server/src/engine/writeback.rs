@@ -214,6 +214,7 @@ impl<S: Store> Inner<S> {
         let mut batch = self.store.batch();
         rows.put(&mut batch);
         batch.put(Cf::Meta, META_ROWS_LOG_POS, &tail.to_le_bytes());
+        self.dedup.lock().store_waiting(&mut batch);
         let bytes = batch.size_bytes();
         self.write(batch)
             .map_err(|cause| EngineError::ReadOnly { cause })?;

@@ -2,9 +2,9 @@
 //! turn, the writer or (for a dense push while the writer is idle) the handler that received
 //! it ([`Inner::commit_inline`]). A commit takes every queued push at once (up to
 //! `group_commit_bytes`), applies them to the hot layer, writes the gradients it applied
-//! (dense chunks, rows written back) to the push log and its push ids (and rows written
-//! through) to one store batch, and answers the callers only after both writes: one durable
-//! write serves many pushes.
+//! (dense chunks, rows written back) to the push log and what else it changed (rows written
+//! through, the push ids the log does not hold: `dedup.rs`) to one store batch, and answers
+//! the callers only after both writes: one durable write serves many pushes.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -248,9 +248,9 @@ impl<S: Store> Inner<S> {
             },
             None => None,
         };
-        let results: Vec<Result<PushOutcome>> = {
+        let (results, applied) = {
             let mut dedup = self.dedup.lock();
-            pushes
+            let results: Vec<Result<PushOutcome>> = pushes
                 .iter()
                 .map(|(job, _)| {
                     let cpu = ThreadCpu::now();
@@ -258,12 +258,17 @@ impl<S: Store> Inner<S> {
                     job.table().charge(cpu);
                     r
                 })
-                .collect()
+                .collect();
+            let applied = results
+                .iter()
+                .filter(|r| matches!(r, Ok(o) if !o.duplicate))
+                .count();
+            // A write that happens anyway takes the ids waiting for one.
+            if applied > 0 && !batch.is_empty() {
+                dedup.store_waiting(&mut batch);
+            }
+            (results, applied)
         };
-        let applied = results
-            .iter()
-            .filter(|r| matches!(r, Ok(o) if !o.duplicate))
-            .count();
         let t1 = Instant::now();
         let mut size = batch.size_bytes();
         // The log record first: the push ids in the batch claim what it holds.
@@ -279,7 +284,8 @@ impl<S: Store> Inner<S> {
             Err(e) => Err(e),
             Ok(n) => {
                 self.counters.bytes_written.fetch_add(n, Ordering::Relaxed);
-                if applied > 0 {
+                // A group of dense pushes through the log writes nothing else.
+                if applied > 0 && !batch.is_empty() {
                     self.write(batch)
                 } else {
                     Ok(())
@@ -367,13 +373,27 @@ impl<S: Store> Inner<S> {
             });
         }
         let outcome = match job {
-            Job::Dense(t, p) => self.apply_dense(t, p, batch, log),
+            // The log's record holds the push id: it reaches the store with the next write
+            // that moves the log's tail (`dedup.rs`).
+            Job::Dense(t, p) if log.is_some() => {
+                let outcome = self.apply_dense(t, p, batch, log);
+                dedup.record_logged(push_id);
+                outcome
+            }
+            Job::Dense(t, p) => {
+                let outcome = self.apply_dense(t, p, batch, None);
+                dedup.record(push_id, batch);
+                outcome
+            }
+            // A sparse push's id goes with its batch even when its rows are logged: replay
+            // counts the rows a push stored only when its id is not in the store.
             Job::Sparse(t, p) => {
                 let log = log.filter(|_| t.writes_back());
-                self.apply_sparse(t, p, batch, log, scratch)?
+                let outcome = self.apply_sparse(t, p, batch, log, scratch)?;
+                dedup.record(push_id, batch);
+                outcome
             }
         };
-        dedup.record(push_id, batch);
         self.counters.pushes_applied.fetch_add(1, Ordering::Relaxed);
         table.counters.pushes.fetch_add(1, Ordering::Relaxed);
         table
