@@ -372,28 +372,23 @@ impl<S: Store> Inner<S> {
                 table: table.spec.name.clone(),
             });
         }
+        // A dense push's id is in the log's record: it reaches the store with the next write
+        // that moves the log's tail (`dedup.rs`). A sparse push's goes with its batch even
+        // when its rows are logged: replay counts the rows a push stored only when its id is
+        // not in the store.
+        let logged = matches!(job, Job::Dense(..)) && log.is_some();
         let outcome = match job {
-            // The log's record holds the push id: it reaches the store with the next write
-            // that moves the log's tail (`dedup.rs`).
-            Job::Dense(t, p) if log.is_some() => {
-                let outcome = self.apply_dense(t, p, batch, log);
-                dedup.record_logged(push_id);
-                outcome
-            }
-            Job::Dense(t, p) => {
-                let outcome = self.apply_dense(t, p, batch, None);
-                dedup.record(push_id, batch);
-                outcome
-            }
-            // A sparse push's id goes with its batch even when its rows are logged: replay
-            // counts the rows a push stored only when its id is not in the store.
+            Job::Dense(t, p) => self.apply_dense(t, p, batch, log),
             Job::Sparse(t, p) => {
                 let log = log.filter(|_| t.writes_back());
-                let outcome = self.apply_sparse(t, p, batch, log, scratch)?;
-                dedup.record(push_id, batch);
-                outcome
+                self.apply_sparse(t, p, batch, log, scratch)?
             }
         };
+        if logged {
+            dedup.record_logged(push_id);
+        } else {
+            dedup.record(push_id, batch);
+        }
         self.counters.pushes_applied.fetch_add(1, Ordering::Relaxed);
         table.counters.pushes.fetch_add(1, Ordering::Relaxed);
         table
