@@ -21,6 +21,17 @@ pub struct ClientConfig {
     pub max_request_bytes: usize,
     /// Requests in flight at once across all shards.
     pub max_in_flight: usize,
+    /// Threads that drive one dense push (or push and pull) of several requests, when it
+    /// is called from a task of a multi-thread tokio runtime: the calling thread, which then
+    /// blocks its task until the call is done (`tokio::task::block_in_place`: the worker's
+    /// other tasks move to another thread, and a timeout or `select!` around the call takes
+    /// effect only once it returns), and `call_threads - 1` scoped threads beside it, the
+    /// requests shared out among them. A single task copies every request's bytes to and
+    /// from its sockets on one core at a time, which leaves a core idle while a shard on
+    /// the same host waits for them. The default, 2; 1 keeps every call on its task.
+    /// `ps-bench`, 1 M floats, one shard and one client on 2 cores, 6 interleaved rounds:
+    /// see README's *What changed the figures*.
+    pub call_threads: usize,
     /// Attempts for a call that fails with `unavailable` (1 = no retry).
     pub max_attempts: u32,
     pub initial_backoff: Duration,
@@ -84,6 +95,7 @@ impl ClientConfig {
             client_id: None,
             max_request_bytes: 1 << 20,
             max_in_flight: 16,
+            call_threads: 2,
             max_attempts: 10,
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),

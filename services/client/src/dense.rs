@@ -13,7 +13,7 @@ use ps_proto::v1 as pb;
 
 use crate::bulk;
 use crate::compress::Sender;
-use crate::push::{EncodedSlice, borrowed_f32, is_borrowed, settle, wire_metric};
+use crate::push::{CallsInFlight, EncodedSlice, borrowed_f32, is_borrowed, settle, wire_metric};
 use crate::{ClientError, PsClient, PullCodec, PushSummary, TableCodec};
 
 impl PsClient {
@@ -351,6 +351,7 @@ impl PsClient {
                     }
                 },
                 pull_after,
+                self.inner.cfg.call_threads,
             )
             .await;
         let mut pulled = None;
@@ -521,6 +522,8 @@ impl PsClient {
                     .await
             }
         });
+        // Counted among the calls that leave fewer cores to a push's threads.
+        let _counted = CallsInFlight::enter();
         stream::iter(pulls)
             .buffer_unordered(self.inner.cfg.max_in_flight)
             .try_collect::<Vec<()>>()
