@@ -29,8 +29,8 @@ pub struct ClientConfig {
     /// requests shared out among them. A single task copies every request's bytes to and
     /// from its sockets on one core at a time, which leaves a core idle while a shard on
     /// the same host waits for them. The default, 2; 1 keeps every call on its task.
-    /// `ps-bench`, 1 M floats, one shard and one client on 2 cores, 6 interleaved rounds:
-    /// see README's *What changed the figures*.
+    /// `ps-bench`, 1 M floats, one shard and one client on 2 cores, 5 interleaved rounds:
+    /// durable fused steps 1.07x; see README's *What changed the figures*.
     pub call_threads: usize,
     /// Attempts for a call that fails with `unavailable` (1 = no retry).
     pub max_attempts: u32,

@@ -109,6 +109,7 @@ impl Inner {
             };
             (i, answer, after)
         };
+        // `block_in_place` needs a worker of a multi-thread runtime: a task of one.
         let runtime = tokio::runtime::Handle::try_current().ok().filter(|h| {
             h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread
                 && tokio::task::try_id().is_some()
@@ -126,12 +127,12 @@ impl Inner {
                 .await;
         };
         // Request i to share i % threads: each share's requests in flight at once, the
-        // shares together at most `max_in_flight`.
+        // shares together at most `max_in_flight` (one each when it is below `threads`).
         let mut shares: Vec<Vec<_>> = (0..threads).map(|_| Vec::new()).collect();
         for (i, r) in requests.into_iter().enumerate() {
             shares[i % threads].push((i, r));
         }
-        let per_share = self.cfg.max_in_flight.div_ceil(threads).max(1);
+        let per_share = (self.cfg.max_in_flight / threads).max(1);
         // Each share in the caller's span, so that its calls' spans are children of it on
         // every thread (a span's parent is the span current where it opens).
         let span = tracing::Span::current();
