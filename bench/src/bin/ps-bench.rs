@@ -71,8 +71,9 @@ struct Args {
     /// Only the optimizer's pass of a durable shard's dense push, on one core: SGD over 1 MiB
     /// chunks of gradients taken in turn from 64 MiB of them (out of the caches, as the body
     /// ring's pages are), with the gradient's CRC-32 taken in a pass of its own, in the
-    /// optimizer's pass as the shard takes it (`optim::apply_checksummed`), and not at all;
-    /// core-ms per GB of gradient, each of --rounds rounds.
+    /// optimizer's pass as the shard takes it (`optim::apply_checksummed`), and not at all; and
+    /// the bulk listener's NaN and infinity check over one read's bytes in the core's cache,
+    /// f32-aligned and one byte off; core-ms per GB of gradient, each of --rounds rounds.
     #[arg(long)]
     only_apply: bool,
     /// Rounds of --only-apply.
@@ -208,8 +209,26 @@ fn apply_case(rounds: usize) {
             sums ^= ps_core::optim::apply_checksummed(&opt, &mut w, &mut state, &mut step, g);
         });
         let none = time(&mut |g| ps_core::optim::apply(&opt, &mut w, &mut state, &mut step, g));
+        // The bulk listener's NaN and infinity check, over one read's bytes while they are in
+        // the core's cache (`WAKE_BYTES` of a chunk, scanned again and again): f32-aligned,
+        // as a body is, and one byte off, which is scanned four bytes at a time.
+        let piece = bytemuck::cast_slice::<f32, u8>(&grads[0][..ps_client::tls::WAKE_BYTES / 4]);
+        let mut shifted = vec![0u8; piece.len() + 4];
+        let at = shifted.as_ptr().align_offset(4) + 1;
+        shifted[at..at + piece.len() - 4].copy_from_slice(&piece[..piece.len() - 4]);
+        let mut scan = |bytes: &[u8]| {
+            let t = Instant::now();
+            let mut seen = false;
+            for _ in 0..reps * (CHUNK * 4 / bytes.len()) {
+                seen |= ps_codec::quant::any_non_finite_le(std::hint::black_box(bytes));
+            }
+            sums ^= u32::from(seen);
+            t.elapsed().as_secs_f64() * 1e3 / gb
+        };
+        let scan_aligned = scan(piece);
+        let scan_unaligned = scan(&shifted[at..at + piece.len() - 4]);
         println!(
-            "{{\"case\":\"apply_checksum\",\"round\":{round},\"optimizer\":\"sgd\",\"chunk_bytes\":{},\"crc_own_pass_ms_per_gb\":{own_pass:.1},\"crc_in_optimizer_pass_ms_per_gb\":{in_pass:.1},\"no_crc_ms_per_gb\":{none:.1}}}",
+            "{{\"case\":\"apply_checksum\",\"round\":{round},\"optimizer\":\"sgd\",\"chunk_bytes\":{},\"crc_own_pass_ms_per_gb\":{own_pass:.1},\"crc_in_optimizer_pass_ms_per_gb\":{in_pass:.1},\"no_crc_ms_per_gb\":{none:.1},\"non_finite_scan_ms_per_gb\":{scan_aligned:.1},\"non_finite_scan_unaligned_ms_per_gb\":{scan_unaligned:.1}}}",
             CHUNK * 4
         );
     }

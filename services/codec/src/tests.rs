@@ -737,6 +737,24 @@ fn non_finite_checks_tell_every_kind_of_value_apart() {
     assert!(!quant::any_non_finite_le(&bytes(&finite)));
     // A value cut short is not looked at: only whole values count.
     assert!(!quant::any_non_finite_le(&bytes(&[1.0, f32::NAN])[..7]));
+    // Aligned bytes are folded as words, others byte by byte: both find every value.
+    let mut shifted = vec![0u8; 3 + 4 * (finite.len() + 1)];
+    for bad in non_finite {
+        for at in 0..=finite.len() {
+            let mut v = finite.to_vec();
+            v.insert(at, bad);
+            let b = bytes(&v);
+            for start in 0..4 {
+                let s = &mut shifted[start..start + b.len()];
+                s.copy_from_slice(&b);
+                assert!(quant::any_non_finite_le(s), "{bad} at {at}, offset {start}");
+                assert!(
+                    !quant::any_non_finite_le(&s[..4 * at]),
+                    "{at}, offset {start}"
+                );
+            }
+        }
+    }
     for bad in non_finite {
         for at in [0, 4, finite.len()] {
             let mut v = finite.to_vec();
