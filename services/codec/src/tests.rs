@@ -737,7 +737,8 @@ fn non_finite_checks_tell_every_kind_of_value_apart() {
     assert!(!quant::any_non_finite_le(&bytes(&finite)));
     // A value cut short is not looked at: only whole values count.
     assert!(!quant::any_non_finite_le(&bytes(&[1.0, f32::NAN])[..7]));
-    // Aligned bytes are folded as words, others byte by byte: both find every value.
+    // Aligned bytes are checked as f32 values, others four bytes at a time: both find every
+    // value.
     let mut shifted = vec![0u8; 3 + 4 * (finite.len() + 1)];
     for bad in non_finite {
         for at in 0..=finite.len() {
